@@ -1,0 +1,57 @@
+"""Contract point 5: gradient accumulation under Trainer gives the same update and logged loss as one big batch."""
+
+import pytest
+import torch
+from architectures import ARCHITECTURES, make_models, random_sequences
+from transformers import Trainer, TrainingArguments
+
+
+class FixedLengthDataset(torch.utils.data.Dataset):
+    """Eight unpadded examples of one length, so only gradient accumulation differs between the two runs."""
+
+    def __init__(self):
+        self.ids = random_sequences([7] * 8, seed=3)
+        self.labels = [0, 1, 2, 0, 1, 2, 0, 1]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(7, dtype=torch.long), "labels": self.labels[i]}
+
+
+def one_optimizer_step(model, tmp_path, batch_size, accumulation):
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=0.1,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        max_grad_norm=0.0,  # no clipping, so the update is the raw gradient
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=FixedLengthDataset())
+    trainer.train()
+    update = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
+    loss = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
+    return update, loss
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_accumulation_matches_the_big_batch(arch, tmp_path):
+    ratios = {}
+    for name in ("stable", "stock"):
+        big_update, big_loss = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 8, 1)
+        small_update, small_loss = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 2, 4)
+        ratios[name] = (small_update.norm() / big_update.norm()).item(), small_loss / big_loss
+        if name == "stable":
+            assert (small_update - big_update).abs().max() <= 1e-5 * big_update.abs().max()
+    assert ratios["stable"] == pytest.approx((1.0, 1.0), rel=1e-3)
+    assert ratios["stock"] == pytest.approx((4.0, 4.0), rel=1e-3)  # transformers#47688
