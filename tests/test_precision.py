@@ -105,3 +105,24 @@ def test_head_trains_in_fp32_under_peft_lora(arch):
     out.loss.backward()
     assert out.logits.dtype == torch.float32
     assert all(torch.isfinite(trainable[name].grad).all() for name in head)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
+    """Trainer(bf16=True) runs the forward under autocast, which would run the head's matmul in bf16."""
+    stable, stock = make_models(arch)
+    ids, mask = pad_batch(random_sequences([6, 3]), "left")
+    labels = torch.tensor([0, 1])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = stable(ids, attention_mask=mask, labels=labels)
+        assert stock(ids, attention_mask=mask).logits.dtype == torch.bfloat16
+    assert out.logits.dtype == out.loss.dtype == torch.float32
+    with torch.no_grad():
+        exact = stable(ids, attention_mask=mask).logits
+    # the backbone ran in bf16, the head in fp32: the head adds no rounding of its own
+    pooled = []
+    stable.score.register_forward_hook(lambda m, args, o: pooled.append(args[0]))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        stable(ids, attention_mask=mask)
+    assert torch.equal(out.logits, pooled[0].float() @ stable.score.weight.T)
+    assert (out.logits - exact).abs().max() < 0.1
