@@ -3,10 +3,10 @@
 Importing this package changes nothing global: no transformers class or registry is patched.
 """
 
-from .modeling_stable import POOLING_MODES, Fp32Linear, StableSequenceClassificationMixin
+from .modeling_stable import POOLING_MODES, Fp32Linear, StableSequenceClassificationMixin, check_checkpoint
 from .modeling_stable_gemma2 import StableGemma2ForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
-from .registry import STABLE_CLASSES, stable_class_for
+from .registry import STABLE_CLASSES, register, registered, stable_class_for, unregister
 
 __version__ = "0.1.0"
 
@@ -17,5 +17,9 @@ __all__ = [
     "StableGemma2ForSequenceClassification",
     "StableQwen2ForSequenceClassification",
     "StableSequenceClassificationMixin",
+    "check_checkpoint",
+    "register",
+    "registered",
     "stable_class_for",
+    "unregister",
 ]

@@ -6,6 +6,9 @@ Every architecture file combines `StableSequenceClassificationMixin` with the st
 """
 
 import inspect
+import json
+import os
+import struct
 
 import torch
 import torch.nn.functional as F
@@ -189,6 +192,96 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
     return loss
 
 
+MODEL_CARD = """---
+library_name: transformers
+tags: [stable_models, text-classification]
+---
+# {name}
+
+A `stable_models` sequence classifier (`{name}`, pooling `{pooling}`): pooling from `attention_mask`, padding-invariant
+logits, no fully masked attention rows, fp32 head, logits and loss. See https://pypi.org/project/stable_models/.
+
+Load it with remote code, which this folder carries (no `stable_models` install needed):
+
+```python
+from transformers import AutoModelForSequenceClassification
+model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder", trust_remote_code=True)
+```
+
+**Without `trust_remote_code=True` transformers silently loads the stock `{stock}`** (same weights, none of
+the guarantees). Check with `type(model).__name__ == "{name}"`.
+"""
+
+
+def _fail(path, problem, fix):
+    raise ValueError(f"{path}: {problem}. {fix}")
+
+
+def check_safetensors(path: str) -> None:
+    """Read a safetensors header with the standard library and check the file holds every tensor it lists."""
+    size = os.path.getsize(path)
+    fix = "The file is truncated or corrupt: save the model again or copy the file again."
+    with open(path, "rb") as handle:
+        if size < 8:
+            _fail(path, f"only {size} bytes, no safetensors header", fix)
+        (header_size,) = struct.unpack("<Q", handle.read(8))
+        if header_size > size - 8:
+            _fail(path, f"header of {header_size} bytes does not fit in a {size}-byte file", fix)
+        try:
+            header = json.loads(handle.read(header_size))
+        except ValueError:
+            _fail(path, "the safetensors header is not valid JSON", fix)
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    if 8 + header_size + end > size:
+        _fail(path, f"{size} bytes, but its tensors need {8 + header_size + end}", fix)
+
+
+def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | None = None) -> None:
+    """Raise a ValueError naming the file and the fix if a saved folder cannot load as a Stable model.
+
+    Checks config.json, the classifier_pooling value (unless `pooling` overrides it), every weights file and, with
+    `require_auto_map`, the auto_map entry and the code files that trust_remote_code loading needs.
+    """
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        _fail(folder, "no config.json", "Point from_pretrained at the folder save_pretrained wrote.")
+    try:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    except ValueError as error:
+        _fail(config_path, f"not valid JSON ({error})", "Restore the file, or save the model again.")
+    value = pooling or config.get("classifier_pooling", DEFAULT_POOLING)
+    if value not in POOLING_MODES:
+        _fail(config_path, f"classifier_pooling={value!r} is not one of {POOLING_MODES}",
+              "Set it to 'last' or 'mean' in config.json, or pass pooling='last' to from_pretrained.")
+    if require_auto_map:
+        target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+        if not target:
+            _fail(config_path, "no auto_map for AutoModelForSequenceClassification, so AutoModel with "
+                  "trust_remote_code=True would silently load the stock class",
+                  "Load it with the Stable class's from_pretrained and save_pretrained it again.")
+        code_file = os.path.join(folder, target.split("--")[-1].rsplit(".", 1)[0] + ".py")
+        for needed in (code_file, os.path.join(folder, "modeling_stable.py")):
+            if not os.path.isfile(needed):
+                _fail(needed, "missing: auto_map needs this code file", "Save the model again with save_pretrained.")
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+        files = ["model.safetensors"]
+    elif os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
+        files = []
+    else:
+        _fail(folder, "no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)",
+              "Copy the weights next to config.json, or save the model again.")
+    for name in files:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            _fail(path, "missing: the weights index lists it", "Copy every shard next to the index, or save again.")
+        check_safetensors(path)
+
+
 class StableSequenceClassificationMixin:
     """Put before a stock `*ForSequenceClassification` class: same constructor, weights, attributes and outputs.
 
@@ -208,6 +301,26 @@ class StableSequenceClassificationMixin:
         super().__init__(config, *args, **kwargs)
         self.score.__class__ = Fp32Linear  # same parameters and state-dict keys; only forward and dtype change
         self.score.float()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The stock loader, after checking a local folder so that a broken one fails with a clear message."""
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
+            subfolder = kwargs.get("subfolder") or ""
+            check_checkpoint(os.path.join(pretrained_model_name_or_path, subfolder), require_auto_map=False,
+                             pooling=kwargs.get("pooling"))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """The stock save (which also writes auto_map and copies this code), plus a model card if none exists."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        card = os.path.join(save_directory, "README.md")
+        if kwargs.get("is_main_process", True) and not os.path.exists(card):
+            stock = next(c for c in type(self).__mro__[1:] if c.__name__.endswith("ForSequenceClassification")
+                         and not issubclass(c, StableSequenceClassificationMixin))
+            with open(card, "w") as handle:
+                handle.write(MODEL_CARD.format(name=type(self).__name__, stock=stock.__name__,
+                                               pooling=self.config.classifier_pooling))
 
     def _layer_types(self) -> list[str]:
         """The attention kinds the backbone's layers use, i.e. which masks it needs."""

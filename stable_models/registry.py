@@ -1,4 +1,11 @@
-"""model_type -> Stable class. Adding an architecture is one row here plus one short modeling file."""
+"""model_type -> Stable class, and opt-in registration with transformers' AutoModelForSequenceClassification.
+
+Adding an architecture is one row in STABLE_CLASSES plus one short modeling file.
+"""
+
+import contextlib
+
+from transformers import AutoModelForSequenceClassification
 
 from .modeling_stable_gemma2 import StableGemma2ForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
@@ -7,6 +14,8 @@ STABLE_CLASSES = {
     "gemma2": StableGemma2ForSequenceClassification,
     "qwen2": StableQwen2ForSequenceClassification,
 }
+_MAPPING = AutoModelForSequenceClassification._model_mapping
+_SAVED = {}  # config class -> what the mapping's extra content held before register() (None: nothing)
 
 
 def stable_class_for(model_type: str):
@@ -17,3 +26,37 @@ def stable_class_for(model_type: str):
         raise ValueError(
             f"stable_models has no class for model_type={model_type!r}; supported: {sorted(STABLE_CLASSES)}."
         ) from None
+
+
+def register() -> None:
+    """Make AutoModelForSequenceClassification build Stable classes in this process. Idempotent; undo: unregister().
+
+    Two lines fix an existing script: `import stable_models; stable_models.register()`.
+    """
+    for stable_class in STABLE_CLASSES.values():
+        config_class = stable_class.config_class
+        if config_class not in _SAVED:
+            _SAVED[config_class] = _MAPPING._extra_content.get(config_class)
+        AutoModelForSequenceClassification.register(config_class, stable_class, exist_ok=True)
+
+
+def unregister() -> None:
+    """Restore what AutoModelForSequenceClassification built before register(). Idempotent."""
+    for config_class, previous in list(_SAVED.items()):
+        if previous is None:
+            _MAPPING._extra_content.pop(config_class, None)
+        else:
+            _MAPPING._extra_content[config_class] = previous
+        del _SAVED[config_class]
+
+
+@contextlib.contextmanager
+def registered():
+    """`with stable_models.registered(): ...` registers the Stable classes for the block only."""
+    already = bool(_SAVED)
+    register()
+    try:
+        yield
+    finally:
+        if not already:
+            unregister()

@@ -1,0 +1,282 @@
+"""Contract point 9: checkpoints carry their own code and load back through AutoModel without stable_models."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from architectures import ARCHITECTURES, make_models, pad_batch, random_sequences
+from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+
+import stable_models
+
+REMOTE_LOAD = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{deps!r}]
+    try:
+        import stable_models
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("the isolated interpreter can import stable_models: the test would prove nothing")
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    ids, mask = torch.load({inputs!r})
+    results = {{}}
+    for folder in ({folder!r}, {resaved!r}):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, trust_remote_code=True, attn_implementation="eager").eval()
+        with torch.no_grad():
+            results[folder] = (type(model).__module__ + "." + type(model).__name__,
+                               model(input_ids=ids, attention_mask=mask).logits)
+        if folder == {folder!r}:
+            model.save_pretrained({resaved!r})
+    torch.save(results, {output!r})
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def isolated_site(tmp_path_factory):
+    """A folder of links to every installed package except stable_models (and peft): run with `python -I -S`."""
+    import transformers
+
+    site_packages = Path(transformers.__file__).resolve().parent.parent
+    links = tmp_path_factory.mktemp("isolated_site")
+    for entry in site_packages.iterdir():
+        if entry.name.startswith(("stable_models", "__editable__", "peft", "_virtualenv")) or entry.suffix == ".pth":
+            continue
+        (links / entry.name).symlink_to(entry)
+    return str(links)
+
+
+def run_isolated(isolated_site, tmp_path, folder, ids, mask):
+    inputs, output, resaved = tmp_path / "inputs.pt", tmp_path / "remote.pt", tmp_path / "resaved"
+    torch.save((ids, mask), inputs)
+    code = REMOTE_LOAD.format(deps=isolated_site, inputs=str(inputs), folder=str(folder), resaved=str(resaved),
+                              output=str(output))
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-I", "-S", "-c", code], check=True, env=env, cwd=tmp_path, capture_output=True,
+                   text=True)
+    return torch.load(output), resaved
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_remote_code_round_trip_without_stable_models(arch, pooling, tmp_path, isolated_site):
+    stable, _ = make_models(arch, pooling=pooling)
+    folder = tmp_path / "saved"
+    stable.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoModelForSequenceClassification": f"modeling_stable_{arch.name}.{arch.stable_class.__name__}"}
+    assert config["classifier_pooling"] == pooling and config["model_type"] == arch.name
+    ids, mask = pad_batch(random_sequences([7, 3, 5]), "left")
+    with torch.no_grad():
+        expected = stable(ids, attention_mask=mask).logits
+    results, resaved = run_isolated(isolated_site, tmp_path, folder, ids, mask)
+    for name, logits in results.values():
+        assert name.startswith("transformers_modules.") and name.endswith("." + arch.stable_class.__name__)
+        assert (logits - expected).abs().max() <= 1e-6
+    assert json.loads((resaved / "config.json").read_text())["auto_map"] == config["auto_map"]
+    assert (resaved / f"modeling_stable_{arch.name}.py").is_file() and (resaved / "modeling_stable.py").is_file()
+
+
+def test_copied_code_importing_stable_models_fails_the_isolated_load(tmp_path, isolated_site):
+    arch = ARCHITECTURES[1]
+    stable, _ = make_models(arch)
+    folder = tmp_path / "saved"
+    stable.save_pretrained(folder)
+    code = folder / "modeling_stable.py"
+    code.write_text("import stable_models\n" + code.read_text())
+    ids, mask = pad_batch(random_sequences([4, 2]), "right")
+    with pytest.raises(subprocess.CalledProcessError) as failure:
+        run_isolated(isolated_site, tmp_path, folder, ids, mask)
+    assert "stable_models" in failure.value.stderr
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_which_class_loads(arch, tmp_path):
+    stable, _ = make_models(arch)
+    stable.save_pretrained(tmp_path)
+    assert type(AutoModelForSequenceClassification.from_pretrained(tmp_path)) is arch.stock_class  # silently stock
+    remote = AutoModelForSequenceClassification.from_pretrained(tmp_path, trust_remote_code=True)
+    assert type(remote).__name__ == arch.stable_class.__name__ and type(remote) is not arch.stable_class
+    with stable_models.registered():
+        assert type(AutoModelForSequenceClassification.from_pretrained(tmp_path)) is arch.stable_class
+    assert type(AutoModelForSequenceClassification.from_pretrained(tmp_path)) is arch.stock_class
+
+
+def test_register_is_idempotent_and_undone(tmp_path):
+    arch = ARCHITECTURES[0]
+    make_models(arch)[1].save_pretrained(tmp_path)  # a stock checkpoint, as an existing script would load
+    stable_models.register()
+    stable_models.register()
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+        assert type(model) is arch.stable_class
+        assert AutoModelForSequenceClassification.from_config(model.config).__class__ is arch.stable_class
+    finally:
+        stable_models.unregister()
+    stable_models.unregister()
+    assert type(AutoModelForSequenceClassification.from_pretrained(tmp_path)) is arch.stock_class
+
+
+def test_model_card_is_written_once_and_warns_about_trust_remote_code(tmp_path):
+    arch = ARCHITECTURES[1]
+    stable, _ = make_models(arch)
+    stable.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "silently loads the stock `Qwen2ForSequenceClassification`" in card
+    (tmp_path / "README.md").write_text("my own card")
+    stable.save_pretrained(tmp_path)
+    assert (tmp_path / "README.md").read_text() == "my own card"
+
+
+def lora_model(arch, seed=0):
+    from peft import LoraConfig, get_peft_model
+
+    stable, _ = make_models(arch, seed=seed)
+    return get_peft_model(stable, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"]))
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_peft_adapter_and_merged_round_trips(arch, tmp_path):
+    from peft import PeftModel
+
+    model = lora_model(arch)
+    ids, mask = pad_batch(random_sequences([6, 3, 4]), "left")
+    labels = torch.tensor([0, 1, 2])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    model.save_pretrained(tmp_path / "adapter")
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    head = [k for k in saved if "score" in k]
+    assert head and all(saved[k].dtype == torch.float32 for k in head)
+
+    fresh_base, _ = make_models(arch)
+    reloaded = PeftModel.from_pretrained(fresh_base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=ids, attention_mask=mask).logits, expected)
+    assert all(p.dtype == torch.float32 for n, p in reloaded.named_parameters() if "score" in n)
+
+    merged = reloaded.merge_and_unload()
+    assert type(merged) is arch.stable_class and merged.score.weight.dtype == torch.float32
+    merged.save_pretrained(tmp_path / "merged")
+    auto = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "merged", trust_remote_code=True, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert (auto(input_ids=ids, attention_mask=mask).logits - expected).abs().max() <= 1e-6
+
+
+class PaddedDataset(torch.utils.data.Dataset):
+    def __init__(self):
+        self.ids = random_sequences([3 + i % 6 for i in range(16)], seed=5)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"ids": self.ids[i], "label": i % 3}
+
+
+def collate_left(examples):
+    ids, mask = pad_batch([e["ids"] for e in examples], "left")
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([e["label"] for e in examples])}
+
+
+def trainer_for(arch, output_dir):
+    args = TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=6, learning_rate=1e-3,
+        save_strategy="steps", save_steps=3, logging_steps=1, report_to=[], use_cpu=True, seed=0,
+        remove_unused_columns=False, lr_scheduler_type="linear",
+    )
+    return Trainer(model=make_models(arch)[0], args=args, train_dataset=PaddedDataset(), data_collator=collate_left)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_trainer_checkpoints_load_and_resume(arch, tmp_path):
+    straight = trainer_for(arch, tmp_path / "run")
+    straight.train()
+    losses = [e["loss"] for e in straight.state.log_history if "loss" in e]
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    loaded = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
+    assert type(loaded).__name__ == arch.stable_class.__name__
+    stable_models.check_checkpoint(str(checkpoint))
+
+    resumed = trainer_for(arch, tmp_path / "run")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    resumed_losses = [e["loss"] for e in resumed.state.log_history if "loss" in e]
+    assert len(losses) == 6
+    assert resumed_losses[-3:] == pytest.approx(losses[3:], rel=1e-5)
+
+
+@pytest.fixture
+def saved_folder(tmp_path):
+    stable, _ = make_models(ARCHITECTURES[1])
+    stable.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_missing_weights(saved_folder):
+    (saved_folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"no weights \(model.safetensors.*Copy the weights next to config.json"):
+        ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
+
+
+def test_truncated_safetensors(saved_folder):
+    weights = saved_folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"model.safetensors: \d+ bytes, but its tensors need \d+.*truncated"):
+        ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
+    with pytest.raises(ValueError, match="truncated"):
+        AutoModelForSequenceClassification.from_pretrained(saved_folder, trust_remote_code=True)
+
+
+def test_garbage_safetensors(saved_folder):
+    (saved_folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match=r"model.safetensors: header of \d+ bytes does not fit"):
+        ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
+
+
+def test_config_without_auto_map(saved_folder):
+    config = json.loads((saved_folder / "config.json").read_text())
+    del config["auto_map"]
+    (saved_folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config.json: no auto_map.*would silently load the stock class.*save_pretrained"):
+        stable_models.check_checkpoint(str(saved_folder))
+    # the explicit class still loads it, and saving again restores auto_map
+    model = ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
+    model.save_pretrained(saved_folder)
+    stable_models.check_checkpoint(str(saved_folder))
+
+
+def test_missing_code_file(saved_folder):
+    (saved_folder / "modeling_stable.py").unlink()
+    with pytest.raises(ValueError, match=r"modeling_stable.py: missing: auto_map needs this code file"):
+        stable_models.check_checkpoint(str(saved_folder))
+
+
+def test_unknown_pooling_value(saved_folder):
+    config = json.loads((saved_folder / "config.json").read_text())
+    config["classifier_pooling"] = "cls"
+    (saved_folder / "config.json").write_text(json.dumps(config))
+    message = r"config.json: classifier_pooling='cls' is not one of \('last', 'mean'\)"
+    with pytest.raises(ValueError, match=message):
+        ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
+    with pytest.raises(ValueError, match=message):
+        AutoModelForSequenceClassification.from_pretrained(saved_folder, trust_remote_code=True)
+    assert ARCHITECTURES[1].stable_class.from_pretrained(saved_folder, pooling="mean").config.classifier_pooling == "mean"
