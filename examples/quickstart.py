@@ -19,15 +19,29 @@ from transformers import Gemma2Config, Gemma2ForSequenceClassification, Qwen2Con
 from stable_models import StableGemma2ForSequenceClassification, StableQwen2ForSequenceClassification
 
 VOCAB, PAD, EOS, FIRST_WORD, LABEL_WORDS = 128, 0, 1, 3, 15
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2, num_labels=3)
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    bos_token_id=2,
+    num_labels=3,
+)
 ARCHITECTURES = {
-    "gemma2": (Gemma2Config(**TINY, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-                            attn_implementation="eager"),
-               Gemma2ForSequenceClassification, StableGemma2ForSequenceClassification),
-    "qwen2": (Qwen2Config(**TINY, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-                          attn_implementation="sdpa"),
-              Qwen2ForSequenceClassification, StableQwen2ForSequenceClassification),
+    "gemma2": (
+        Gemma2Config(**TINY, head_dim=16, query_pre_attn_scalar=16, sliding_window=4, attn_implementation="eager"),
+        Gemma2ForSequenceClassification,
+        StableGemma2ForSequenceClassification,
+    ),
+    "qwen2": (
+        Qwen2Config(**TINY, use_sliding_window=True, sliding_window=4, max_window_layers=1, attn_implementation="sdpa"),
+        Qwen2ForSequenceClassification,
+        StableQwen2ForSequenceClassification,
+    ),
 }
 
 
@@ -82,8 +96,9 @@ def train_and_measure(model, train, test, side, steps, batch_size, lr):
     with torch.no_grad():
         ids, mask = pad(test_texts, side)
         batched = model(input_ids=ids, attention_mask=mask).logits.float()
-        alone = torch.cat([model(input_ids=t[None], attention_mask=torch.ones(1, len(t))).logits.float()
-                           for t in test_texts])
+        alone = torch.cat(
+            [model(input_ids=t[None], attention_mask=torch.ones(1, len(t))).logits.float() for t in test_texts]
+        )
     return {
         "loss": sum(losses[-10:]) / min(10, len(losses)),
         "loss dtype": str(loss_dtype).replace("torch.", ""),
@@ -105,8 +120,10 @@ def main():
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     train, test = make_texts(512, args.seed), make_texts(128, args.seed + 1)
 
-    print(f"{'arch':7} {'padding':7} {'class':7} {'loss':>8} {'dtype':>9} {'grad norm':>9} {'pad error':>10} "
-          f"{'accuracy':>8} {'time':>6}")
+    print(
+        f"{'arch':7} {'padding':7} {'class':7} {'loss':>8} {'dtype':>9} {'grad norm':>9} {'pad error':>10} "
+        f"{'accuracy':>8} {'time':>6}"
+    )
     for arch in args.arch:
         config, stock_class, stable_class = ARCHITECTURES[arch]
         for side in args.side:
@@ -114,8 +131,11 @@ def main():
                 start = time.perf_counter()
                 model = build(config, model_class, args.seed)
                 r = train_and_measure(model, train, test, side, args.steps, args.batch_size, args.lr)
-                print(f"{arch:7} {side:7} {name:7} {r['loss']:8.4f} {r['loss dtype']:>9} {r['grad norm']:9.3f} "
-                      f"{r['pad error']:10.2e} {r['accuracy']:8.1%} {time.perf_counter() - start:5.1f}s", flush=True)
+                print(
+                    f"{arch:7} {side:7} {name:7} {r['loss']:8.4f} {r['loss dtype']:>9} {r['grad norm']:9.3f} "
+                    f"{r['pad error']:10.2e} {r['accuracy']:8.1%} {time.perf_counter() - start:5.1f}s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

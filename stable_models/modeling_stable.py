@@ -2,7 +2,8 @@
 
 This file is copied next to a saved checkpoint (remote code), so it imports only torch and transformers.
 Every architecture file combines `StableSequenceClassificationMixin` with the stock
-`*ForSequenceClassification` class; the mixin replaces `forward` and nothing else.
+`*ForSequenceClassification` class. The mixin replaces `forward`, makes the `score` head fp32, checks a local folder
+in `from_pretrained` and adds a model card in `save_pretrained`; weights, attributes and outputs stay the stock ones.
 """
 
 import inspect
@@ -33,7 +34,7 @@ MASK_BUILDERS = {
 class Fp32Linear(nn.Linear):
     """Classifier head that computes in fp32 and keeps fp32 weights through `.to(bf16)`, `.half()` and autocast.
 
-    A bf16 head rounds logits to 8 significant bits: a margin-20 logit pair then gives a loss of exactly 0.0.
+    A bf16 head rounds logits to 8 significant bits: at a logit margin of 10 the loss then reads exactly 0.0 (true 9e-5).
     """
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -57,13 +58,17 @@ def check_inputs(model, input_ids, attention_mask, inputs_embeds, labels) -> Non
     """Turn inputs that would silently give NaN, garbage or a device-side assert into a clear ValueError."""
     tokens = input_ids if input_ids is not None else inputs_embeds
     if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != tokens.shape[0] or attention_mask.shape[1] < tokens.shape[1]:
+        if (
+            attention_mask.dim() != 2
+            or attention_mask.shape[0] != tokens.shape[0]
+            or attention_mask.shape[1] < tokens.shape[1]
+        ):
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)} but the inputs have shape "
                 f"{tuple(tokens.shape[:2])}: pass a 2D mask (batch, sequence) built by the same tokenizer call as the "
                 "input_ids (tokenizer(..., padding=True, return_tensors='pt'))."
             )
-        empty = ~(attention_mask[:, -tokens.shape[1]:] != 0).any(-1)
+        empty = ~(attention_mask[:, -tokens.shape[1] :] != 0).any(-1)
         if empty.any():
             raise ValueError(
                 f"rows {_rows(empty)} of attention_mask are all zero: these rows have no token to classify. "
@@ -121,11 +126,16 @@ def build_attention_masks(config, padding_mask, inputs_embeds, cache, layer_type
     mask builder get what the stock model would give them.
     """
     implementation = config._attn_implementation
-    if implementation not in ALL_MASK_ATTENTION_FUNCTIONS or ALL_MASK_ATTENTION_FUNCTIONS[implementation] is flash_attention_mask:
+    if (
+        implementation not in ALL_MASK_ATTENTION_FUNCTIONS
+        or ALL_MASK_ATTENTION_FUNCTIONS[implementation] is flash_attention_mask
+    ):
         return padding_mask
     mask_function = keep_real_keys_and_self(padding_mask)
     return {
-        layer_type: MASK_BUILDERS[layer_type](**_mask_builder_kwargs(layer_type, config, inputs_embeds, cache, mask_function))
+        layer_type: MASK_BUILDERS[layer_type](
+            **_mask_builder_kwargs(layer_type, config, inputs_embeds, cache, mask_function)
+        )
         for layer_type in layer_types
     }
 
@@ -142,7 +152,9 @@ def _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, and_mask_func
     kwargs["cache" if "cache" in params else "past_key_values"] = cache
     if "cache_position" in params:
         past_length = cache.get_seq_length() if cache is not None else 0
-        kwargs["cache_position"] = torch.arange(past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device)
+        kwargs["cache_position"] = torch.arange(
+            past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
+        )
     return kwargs
 
 
@@ -252,14 +264,20 @@ def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | 
         _fail(config_path, f"not valid JSON ({error})", "Restore the file, or save the model again.")
     value = pooling or config.get("classifier_pooling", DEFAULT_POOLING)
     if value not in POOLING_MODES:
-        _fail(config_path, f"classifier_pooling={value!r} is not one of {POOLING_MODES}",
-              "Set it to 'last' or 'mean' in config.json, or pass pooling='last' to from_pretrained.")
+        _fail(
+            config_path,
+            f"classifier_pooling={value!r} is not one of {POOLING_MODES}",
+            "Set it to 'last' or 'mean' in config.json, or pass pooling='last' to from_pretrained.",
+        )
     if require_auto_map:
         target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
         if not target:
-            _fail(config_path, "no auto_map for AutoModelForSequenceClassification, so AutoModel with "
-                  "trust_remote_code=True would silently load the stock class",
-                  "Load it with the Stable class's from_pretrained and save_pretrained it again.")
+            _fail(
+                config_path,
+                "no auto_map for AutoModelForSequenceClassification, so AutoModel with "
+                "trust_remote_code=True would silently load the stock class",
+                "Load it with the Stable class's from_pretrained and save_pretrained it again.",
+            )
         code_file = os.path.join(folder, target.split("--")[-1].rsplit(".", 1)[0] + ".py")
         for needed in (code_file, os.path.join(folder, "modeling_stable.py")):
             if not os.path.isfile(needed):
@@ -273,8 +291,11 @@ def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | 
     elif os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
         files = []
     else:
-        _fail(folder, "no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)",
-              "Copy the weights next to config.json, or save the model again.")
+        _fail(
+            folder,
+            "no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)",
+            "Copy the weights next to config.json, or save the model again.",
+        )
     for name in files:
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
@@ -305,10 +326,15 @@ class StableSequenceClassificationMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """The stock loader, after checking a local folder so that a broken one fails with a clear message."""
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(pretrained_model_name_or_path):
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(
+            pretrained_model_name_or_path
+        ):
             subfolder = kwargs.get("subfolder") or ""
-            check_checkpoint(os.path.join(pretrained_model_name_or_path, subfolder), require_auto_map=False,
-                             pooling=kwargs.get("pooling"))
+            check_checkpoint(
+                os.path.join(pretrained_model_name_or_path, subfolder),
+                require_auto_map=False,
+                pooling=kwargs.get("pooling"),
+            )
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -316,11 +342,18 @@ class StableSequenceClassificationMixin:
         super().save_pretrained(save_directory, *args, **kwargs)
         card = os.path.join(save_directory, "README.md")
         if kwargs.get("is_main_process", True) and not os.path.exists(card):
-            stock = next(c for c in type(self).__mro__[1:] if c.__name__.endswith("ForSequenceClassification")
-                         and not issubclass(c, StableSequenceClassificationMixin))
+            stock = next(
+                c
+                for c in type(self).__mro__[1:]
+                if c.__name__.endswith("ForSequenceClassification")
+                and not issubclass(c, StableSequenceClassificationMixin)
+            )
             with open(card, "w") as handle:
-                handle.write(MODEL_CARD.format(name=type(self).__name__, stock=stock.__name__,
-                                               pooling=self.config.classifier_pooling))
+                handle.write(
+                    MODEL_CARD.format(
+                        name=type(self).__name__, stock=stock.__name__, pooling=self.config.classifier_pooling
+                    )
+                )
 
     def _layer_types(self) -> list[str]:
         """The attention kinds the backbone's layers use, i.e. which masks it needs."""

@@ -4,7 +4,16 @@ import json
 
 import pytest
 import torch
-from architectures import ARCH_ATTN, ARCH_ATTN_IDS, ARCHITECTURES, VOCAB, make_config, make_models, pad_batch, random_sequences
+from architectures import (
+    ARCH_ATTN,
+    ARCH_ATTN_IDS,
+    ARCHITECTURES,
+    VOCAB,
+    make_config,
+    make_models,
+    pad_batch,
+    random_sequences,
+)
 
 
 @pytest.mark.parametrize(("arch", "attn"), ARCH_ATTN, ids=ARCH_ATTN_IDS)

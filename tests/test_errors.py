@@ -27,7 +27,9 @@ def test_token_ids_outside_the_embedding_table(models):
     stable, stock = models
     ids, mask = batch()
     ids[0, -1] = VOCAB + 7
-    with pytest.raises(ValueError, match=r"rows \[0\] hold token ids outside the embedding table.*resize_token_embeddings"):
+    with pytest.raises(
+        ValueError, match=r"rows \[0\] hold token ids outside the embedding table.*resize_token_embeddings"
+    ):
         stable(ids, attention_mask=mask)
     with pytest.raises(IndexError):  # on CUDA this is a device-side assert that kills the process
         stock(ids, attention_mask=mask)
@@ -58,8 +60,11 @@ def test_ignored_label_is_allowed(models):
     assert torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("bad_mask", [torch.ones(2, 4, dtype=torch.long), torch.ones(3, 6, dtype=torch.long),
-                                      torch.ones(2, 1, 6, 6, dtype=torch.long)], ids=["short", "rows", "4d"])
+@pytest.mark.parametrize(
+    "bad_mask",
+    [torch.ones(2, 4, dtype=torch.long), torch.ones(3, 6, dtype=torch.long), torch.ones(2, 1, 6, 6, dtype=torch.long)],
+    ids=["short", "rows", "4d"],
+)
 def test_mask_shape_mismatch(models, bad_mask):
     stable, _ = models
     ids, _ = batch()

@@ -40,5 +40,12 @@ def test_modeling_file_imports_only_torch_transformers_and_flat_siblings(path):
 
 def test_the_checker_catches_bad_imports(tmp_path):
     bad = tmp_path / "modeling_bad.py"
-    bad.write_text("import numpy\nfrom stable_models.registry import x\nfrom ..a import b\nfrom . import c\nfrom .registry import d\n")
+    lines = [
+        "import numpy",
+        "from stable_models.registry import x",
+        "from ..a import b",
+        "from . import c",
+        "from .registry import d",
+    ]
+    bad.write_text("\n".join(lines) + "\n")
     assert len(import_problems(bad)) == 5

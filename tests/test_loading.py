@@ -58,11 +58,13 @@ def isolated_site(tmp_path_factory):
 def run_isolated(isolated_site, tmp_path, folder, ids, mask):
     inputs, output, resaved = tmp_path / "inputs.pt", tmp_path / "remote.pt", tmp_path / "resaved"
     torch.save((ids, mask), inputs)
-    code = REMOTE_LOAD.format(deps=isolated_site, inputs=str(inputs), folder=str(folder), resaved=str(resaved),
-                              output=str(output))
+    code = REMOTE_LOAD.format(
+        deps=isolated_site, inputs=str(inputs), folder=str(folder), resaved=str(resaved), output=str(output)
+    )
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-I", "-S", "-c", code], check=True, env=env, cwd=tmp_path, capture_output=True,
-                   text=True)
+    subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], check=True, env=env, cwd=tmp_path, capture_output=True, text=True
+    )
     return torch.load(output), resaved
 
 
@@ -74,7 +76,8 @@ def test_remote_code_round_trip_without_stable_models(arch, pooling, tmp_path, i
     stable.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {
-        "AutoModelForSequenceClassification": f"modeling_stable_{arch.name}.{arch.stable_class.__name__}"}
+        "AutoModelForSequenceClassification": f"modeling_stable_{arch.name}.{arch.stable_class.__name__}"
+    }
     assert config["classifier_pooling"] == pooling and config["model_type"] == arch.name
     ids, mask = pad_batch(random_sequences([7, 3, 5]), "left")
     with torch.no_grad():
@@ -177,7 +180,8 @@ def test_peft_adapter_and_merged_round_trips(arch, tmp_path):
     assert type(merged) is arch.stable_class and merged.score.weight.dtype == torch.float32
     merged.save_pretrained(tmp_path / "merged")
     auto = AutoModelForSequenceClassification.from_pretrained(
-        tmp_path / "merged", trust_remote_code=True, attn_implementation="eager").eval()
+        tmp_path / "merged", trust_remote_code=True, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         assert (auto(input_ids=ids, attention_mask=mask).logits - expected).abs().max() <= 1e-6
 
@@ -200,9 +204,18 @@ def collate_left(examples):
 
 def trainer_for(arch, output_dir):
     args = TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=6, learning_rate=1e-3,
-        save_strategy="steps", save_steps=3, logging_steps=1, report_to=[], use_cpu=True, seed=0,
-        remove_unused_columns=False, lr_scheduler_type="linear",
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=6,
+        learning_rate=1e-3,
+        save_strategy="steps",
+        save_steps=3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        remove_unused_columns=False,
+        lr_scheduler_type="linear",
     )
     return Trainer(model=make_models(arch)[0], args=args, train_dataset=PaddedDataset(), data_collator=collate_left)
 
@@ -256,7 +269,9 @@ def test_config_without_auto_map(saved_folder):
     config = json.loads((saved_folder / "config.json").read_text())
     del config["auto_map"]
     (saved_folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"config.json: no auto_map.*would silently load the stock class.*save_pretrained"):
+    with pytest.raises(
+        ValueError, match=r"config.json: no auto_map.*would silently load the stock class.*save_pretrained"
+    ):
         stable_models.check_checkpoint(str(saved_folder))
     # the explicit class still loads it, and saving again restores auto_map
     model = ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
@@ -279,4 +294,6 @@ def test_unknown_pooling_value(saved_folder):
         ARCHITECTURES[1].stable_class.from_pretrained(saved_folder)
     with pytest.raises(ValueError, match=message):
         AutoModelForSequenceClassification.from_pretrained(saved_folder, trust_remote_code=True)
-    assert ARCHITECTURES[1].stable_class.from_pretrained(saved_folder, pooling="mean").config.classifier_pooling == "mean"
+    assert (
+        ARCHITECTURES[1].stable_class.from_pretrained(saved_folder, pooling="mean").config.classifier_pooling == "mean"
+    )

@@ -90,14 +90,16 @@ def test_peft_prompt_tuning_pools_the_last_real_token(arch):
     from peft import PromptTuningConfig, get_peft_model
 
     results = {}
-    for name, model in zip(("stable", "stock"), make_models(arch)):
+    for name, model in zip(("stable", "stock"), make_models(arch), strict=True):
         torch.manual_seed(1)
         peft_model = get_peft_model(model, PromptTuningConfig(task_type="SEQ_CLS", num_virtual_tokens=4)).eval()
         sequences = random_sequences(LENGTHS)
         ids, mask = pad_batch(sequences, "right")
         with torch.no_grad():
             batched = peft_model(input_ids=ids, attention_mask=mask).logits
-            alone = torch.cat([peft_model(input_ids=s[None], attention_mask=torch.ones(1, len(s))).logits for s in sequences])
+            alone = torch.cat(
+                [peft_model(input_ids=s[None], attention_mask=torch.ones(1, len(s))).logits for s in sequences]
+            )
         results[name] = (batched - alone).abs().max()
     assert results["stable"] <= FP32_TOL
     assert results["stock"] > 1e-2

@@ -60,10 +60,18 @@ def test_confident_bf16_loss_is_exact(arch, margin):
     ("num_labels", "labels", "problem_type", "reference"),
     [
         (3, torch.tensor([0, 2]), "single_label_classification", torch.nn.functional.cross_entropy),
-        (3, torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), "multi_label_classification",
-         torch.nn.functional.binary_cross_entropy_with_logits),
-        (1, torch.tensor([0.5, -1.25]), "regression", lambda logits, labels: torch.nn.functional.mse_loss(
-            logits.squeeze(-1), labels)),
+        (
+            3,
+            torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]),
+            "multi_label_classification",
+            torch.nn.functional.binary_cross_entropy_with_logits,
+        ),
+        (
+            1,
+            torch.tensor([0.5, -1.25]),
+            "regression",
+            lambda logits, labels: torch.nn.functional.mse_loss(logits.squeeze(-1), labels),
+        ),
     ],
     ids=["single", "multi", "regression"],
 )

@@ -5,8 +5,12 @@ from architectures import ARCHITECTURES, EOS, PAD, VOCAB, make_models, pad_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-MODELS = {(arch.name, pad, pooling): make_models(arch, pad_token_id=pad, pooling=pooling)[0]
-          for arch in ARCHITECTURES for pad in (PAD, EOS) for pooling in ("last", "mean")}
+MODELS = {
+    (arch.name, pad, pooling): make_models(arch, pad_token_id=pad, pooling=pooling)[0]
+    for arch in ARCHITECTURES
+    for pad in (PAD, EOS)
+    for pooling in ("last", "mean")
+}
 
 
 @st.composite
