@@ -34,7 +34,7 @@ MASK_BUILDERS = {
 class Fp32Linear(nn.Linear):
     """Classifier head that computes in fp32 and keeps fp32 weights through `.to(bf16)`, `.half()` and autocast.
 
-    A bf16 head rounds logits to 8 significant bits: at a logit margin of 10 the loss then reads exactly 0.0 (true 9e-5).
+    A bf16 head rounds logits to 8 significant bits: at a logit margin of 10 the loss reads exactly 0.0 (true 9e-5).
     """
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
