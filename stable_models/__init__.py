@@ -4,9 +4,14 @@ Importing this package changes nothing global: no transformers class or registry
 """
 
 from .modeling_stable import POOLING_MODES, Fp32Linear, StableSequenceClassificationMixin, check_checkpoint
+from .modeling_stable_gemma import StableGemmaForSequenceClassification
 from .modeling_stable_gemma2 import StableGemma2ForSequenceClassification
+from .modeling_stable_gemma3_text import StableGemma3TextForSequenceClassification
+from .modeling_stable_llama import StableLlamaForSequenceClassification
+from .modeling_stable_mistral import StableMistralForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
-from .registry import STABLE_CLASSES, register, registered, stable_class_for, unregister
+from .modeling_stable_qwen3 import StableQwen3ForSequenceClassification
+from .registry import STABLE_CLASSES, from_pretrained, register, registered, stable_class_for, unregister
 
 __version__ = "0.1.0"
 
@@ -15,9 +20,15 @@ __all__ = [
     "STABLE_CLASSES",
     "Fp32Linear",
     "StableGemma2ForSequenceClassification",
+    "StableGemma3TextForSequenceClassification",
+    "StableGemmaForSequenceClassification",
+    "StableLlamaForSequenceClassification",
+    "StableMistralForSequenceClassification",
     "StableQwen2ForSequenceClassification",
+    "StableQwen3ForSequenceClassification",
     "StableSequenceClassificationMixin",
     "check_checkpoint",
+    "from_pretrained",
     "register",
     "registered",
     "stable_class_for",

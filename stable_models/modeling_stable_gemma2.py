@@ -1,4 +1,4 @@
-"""StableGemma2ForSequenceClassification: Gemma2ForSequenceClassification with the stable_models contract."""
+"""StableGemma2ForSequenceClassification with the stable_models contract."""
 
 from transformers import Gemma2ForSequenceClassification
 

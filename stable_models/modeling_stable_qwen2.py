@@ -1,4 +1,4 @@
-"""StableQwen2ForSequenceClassification: Qwen2ForSequenceClassification with the stable_models contract."""
+"""StableQwen2ForSequenceClassification with the stable_models contract."""
 
 from transformers import Qwen2ForSequenceClassification
 

@@ -5,14 +5,24 @@ Adding an architecture is one row in STABLE_CLASSES plus one short modeling file
 
 import contextlib
 
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from .modeling_stable_gemma import StableGemmaForSequenceClassification
 from .modeling_stable_gemma2 import StableGemma2ForSequenceClassification
+from .modeling_stable_gemma3_text import StableGemma3TextForSequenceClassification
+from .modeling_stable_llama import StableLlamaForSequenceClassification
+from .modeling_stable_mistral import StableMistralForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
+from .modeling_stable_qwen3 import StableQwen3ForSequenceClassification
 
 STABLE_CLASSES = {
+    "gemma": StableGemmaForSequenceClassification,
     "gemma2": StableGemma2ForSequenceClassification,
+    "gemma3_text": StableGemma3TextForSequenceClassification,
+    "llama": StableLlamaForSequenceClassification,
+    "mistral": StableMistralForSequenceClassification,
     "qwen2": StableQwen2ForSequenceClassification,
+    "qwen3": StableQwen3ForSequenceClassification,
 }
 _MAPPING = AutoModelForSequenceClassification._model_mapping
 _SAVED = {}  # config class -> what the mapping's extra content held before register() (None: nothing)
@@ -26,6 +36,12 @@ def stable_class_for(model_type: str):
         raise ValueError(
             f"stable_models has no class for model_type={model_type!r}; supported: {sorted(STABLE_CLASSES)}."
         ) from None
+
+
+def from_pretrained(pretrained_model_name_or_path, **kwargs):
+    """Load any supported checkpoint (a base CausalLM or a classifier) as its Stable class, picked by model_type."""
+    config = AutoConfig.from_pretrained(pretrained_model_name_or_path, trust_remote_code=False)
+    return stable_class_for(config.model_type).from_pretrained(pretrained_model_name_or_path, **kwargs)
 
 
 def register() -> None:

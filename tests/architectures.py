@@ -6,16 +6,9 @@ Adding an architecture to the test matrix is one row in ARCHITECTURES.
 from dataclasses import dataclass, field
 
 import torch
-from transformers import (
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Gemma2ForSequenceClassification,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen2ForSequenceClassification,
-)
+import transformers
 
-from stable_models import StableGemma2ForSequenceClassification, StableQwen2ForSequenceClassification
+import stable_models
 
 PAD, EOS, BOS = 0, 1, 2
 VOCAB = 96
@@ -24,12 +17,35 @@ SLIDING_WINDOW = 3  # shorter than the padding in every test batch, so the slidi
 
 @dataclass(frozen=True)
 class Arch:
-    name: str
-    config_class: type
-    stock_class: type
-    stable_class: type
-    causal_lm_class: type
+    name: str  # the model_type
+    prefix: str  # transformers class-name prefix: {prefix}Config, {prefix}ForSequenceClassification, ...
     config_kwargs: dict = field(default_factory=dict)
+    config_name: str = ""  # when not {prefix}Config
+    causal_lm_name: str = ""  # when not {prefix}ForCausalLM
+
+    @property
+    def config_class(self):
+        return getattr(transformers, self.config_name or f"{self.prefix}Config")
+
+    @property
+    def stock_class(self):
+        return getattr(transformers, f"{self.prefix}ForSequenceClassification")
+
+    @property
+    def stable_class(self):
+        return getattr(stable_models, f"Stable{self.prefix}ForSequenceClassification")
+
+    @property
+    def causal_lm_class(self):
+        return getattr(transformers, self.causal_lm_name or f"{self.prefix}ForCausalLM")
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return "sliding_window" in self.config_kwargs
+
+    @property
+    def mixes_layer_types(self) -> bool:
+        return len(set(getattr(make_config(self), "layer_types", None) or [])) > 1
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -41,24 +57,26 @@ class Arch:
 
 
 ARCHITECTURES = [
+    Arch("gemma", "Gemma", dict(head_dim=16)),
+    Arch("gemma2", "Gemma2", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=SLIDING_WINDOW)),
     Arch(
-        "gemma2",
-        Gemma2Config,
-        Gemma2ForSequenceClassification,
-        StableGemma2ForSequenceClassification,
-        Gemma2ForCausalLM,
-        dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=SLIDING_WINDOW),
+        "gemma3_text",
+        "Gemma3Text",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        causal_lm_name="Gemma3ForCausalLM",
     ),
-    Arch(
-        "qwen2",
-        Qwen2Config,
-        Qwen2ForSequenceClassification,
-        StableQwen2ForSequenceClassification,
-        Qwen2ForCausalLM,
-        dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1),
-    ),
+    Arch("llama", "Llama"),
+    Arch("mistral", "Mistral", dict(sliding_window=SLIDING_WINDOW)),
+    Arch("qwen2", "Qwen2", dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1)),
+    Arch("qwen3", "Qwen3", dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1)),
 ]
 
+BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
 ARCH_ATTN = [(arch, attn) for arch in ARCHITECTURES for attn in arch.attn_implementations]
 ARCH_ATTN_IDS = [f"{arch}-{attn}" for arch, attn in ARCH_ATTN]
 
@@ -79,6 +97,9 @@ def make_config(arch: Arch, attn: str = "eager", **overrides):
         **arch.config_kwargs,
     )
     kwargs.update(overrides)
+    if "layer_types" in kwargs:  # repeat the pattern when a test asks for more layers
+        pattern = kwargs["layer_types"]
+        kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(kwargs["num_hidden_layers"])]
     return arch.config_class(**kwargs)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, VOCAB, make_models, pad_batch, random_sequences
+from architectures import ARCHITECTURES, BY_NAME, VOCAB, make_models, pad_batch, random_sequences
 
 
 @pytest.fixture(params=ARCHITECTURES, ids=str)
@@ -93,6 +93,6 @@ def test_both_or_neither_of_ids_and_embeds(models):
 
 
 def test_unknown_pooling():
-    arch = ARCHITECTURES[0]
+    arch = BY_NAME["gemma2"]
     with pytest.raises(ValueError, match=r"pooling='cls' is not supported; use one of \('last', 'mean'\)"):
         make_models(arch, pooling="cls")

@@ -71,10 +71,11 @@ def test_every_row_sees_a_key_and_real_tokens_never_see_padding(arch, side):
         assert layer_mask.any(-1).all(), "a query row with no visible key reached the attention kernel"
         real_queries_see = layer_mask[:, 0] & padding[:, :, None]
         assert not (real_queries_see & ~padding[:, None, :]).any(), "a real token attends to padding"
-    # full and sliding-window layers both ran, and differ
-    assert not torch.equal(masks[0], masks[1])
+    if arch.mixes_layer_types:  # full and sliding-window layers both ran, and differ
+        assert not torch.equal(masks[0], masks[1])
     stock_masks = recorded_masks(stock, ids, mask)
-    assert any((~m.any(-1)).any() for m in stock_masks), "the stock class was expected to send empty rows"
+    if side == "left" or arch.has_sliding_window:
+        assert any((~m.any(-1)).any() for m in stock_masks), "the stock class was expected to send empty rows"
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -93,7 +94,10 @@ def test_kernel_that_returns_nan_for_empty_rows(arch, side):
     assert all(torch.isfinite(p.grad).all() for p in stable.parameters() if p.grad is not None)
     # left padding: the leading pads see nothing; right padding: a trailing pad whose sliding window holds only
     # pads sees nothing. 0 x NaN then spreads the NaN from padding rows into every real token.
-    assert torch.isnan(stock(ids, attention_mask=mask, labels=labels).loss)
+    if side == "left" or arch.has_sliding_window:
+        assert torch.isnan(stock(ids, attention_mask=mask, labels=labels).loss)
+    else:
+        assert torch.isfinite(stock(ids, attention_mask=mask, labels=labels).loss)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)

@@ -122,7 +122,10 @@ def test_position_ids_come_from_the_mask(arch):
     """Left padding must not shift the rotary positions of real tokens: the stock class counts pads as positions."""
     stable, _ = make_models(arch)
     seen = []
-    hook = stable.model.rotary_emb.register_forward_hook(lambda module, args, out: seen.append(args[1]))
+    hook = stable.model.rotary_emb.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append(args[1] if len(args) > 1 else kwargs["position_ids"]),
+        with_kwargs=True,
+    )
     ids, mask = pad_batch(random_sequences([5, 2]), "left")
     with torch.no_grad():
         stable(ids, attention_mask=mask)
@@ -133,13 +136,14 @@ def test_position_ids_come_from_the_mask(arch):
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize(("arch", "attn"), ARCH_ATTN, ids=ARCH_ATTN_IDS)
 def test_bf16_padding_error_is_within_bf16_noise(arch, attn, side):
-    """bf16: padded logits are no further from the fp32 truth than the stock class's unpadded bf16 logits."""
+    """bf16: padding moves the logits by no more than bf16 itself moves the unpadded logits away from fp32."""
     stable32, _ = make_models(arch, attn)
-    stable16, stock16 = make_models(arch, attn, dtype=torch.bfloat16)
+    stable16, _ = make_models(arch, attn, dtype=torch.bfloat16)
     sequences = random_sequences(LENGTHS)
     ids, mask = pad_batch(sequences, side)
-    truth = logits_alone(stable32, sequences)
-    stock_noise = (logits_alone(stock16, sequences).float() - truth).abs().max()
+    alone = logits_alone(stable16, sequences)
+    bf16_noise = (alone - logits_alone(stable32, sequences)).abs().max()
     with torch.no_grad():
-        stable_error = (stable16(ids, attention_mask=mask).logits - truth).abs().max()
-    assert stable_error <= stock_noise
+        padding_error = (stable16(ids, attention_mask=mask).logits - alone).abs().max()
+    assert bf16_noise > 0  # the bound is a real bf16 effect, not zero by accident
+    assert padding_error <= bf16_noise

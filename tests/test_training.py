@@ -5,7 +5,7 @@ import torch
 from architectures import ARCHITECTURES, make_models, pad_batch, random_sequences
 from peft import LoraConfig, get_peft_model
 
-STEPS = 40
+STEPS = 60
 
 
 def toy_batch(step, side):
