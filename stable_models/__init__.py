@@ -12,6 +12,8 @@ from .modeling_stable_mistral import StableMistralForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
 from .modeling_stable_qwen3 import StableQwen3ForSequenceClassification
 from .registry import STABLE_CLASSES, from_pretrained, register, registered, stable_class_for, unregister
+from .tokenization import setup_pad_token
+from .training import NonFiniteError, NonFiniteGuard, StopOnNonFinite
 
 __version__ = "0.1.0"
 
@@ -19,6 +21,8 @@ __all__ = [
     "POOLING_MODES",
     "STABLE_CLASSES",
     "Fp32Linear",
+    "NonFiniteError",
+    "NonFiniteGuard",
     "StableGemma2ForSequenceClassification",
     "StableGemma3TextForSequenceClassification",
     "StableGemmaForSequenceClassification",
@@ -27,10 +31,12 @@ __all__ = [
     "StableQwen2ForSequenceClassification",
     "StableQwen3ForSequenceClassification",
     "StableSequenceClassificationMixin",
+    "StopOnNonFinite",
     "check_checkpoint",
     "from_pretrained",
     "register",
     "registered",
+    "setup_pad_token",
     "stable_class_for",
     "unregister",
 ]

@@ -134,3 +134,17 @@ def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
         stable(ids, attention_mask=mask)
     assert torch.equal(out.logits, pooled[0].float() @ stable.score.weight.T)
     assert (out.logits - exact).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+def test_fp64_model_keeps_an_fp64_head(arch):
+    """Padding invariance of real checkpoints is checked in fp64, where only exact handling of padding passes."""
+    stable, _ = make_models(arch, dtype=torch.float64)
+    assert stable.score.weight.dtype == torch.float64
+    sequences = random_sequences([9, 4, 6])
+    ids, mask = pad_batch(sequences, "left")
+    with torch.no_grad():
+        out = stable(ids, attention_mask=mask, labels=torch.tensor([0, 1, 2]))
+        alone = torch.cat([stable(s[None]).logits for s in sequences])
+    assert out.logits.dtype == out.loss.dtype == torch.float64
+    assert (out.logits - alone).abs().max() <= 1e-12

@@ -1,0 +1,231 @@
+"""`python -m stable_models doctor --model DIR`: explain why a sequence-classification run gives NaN or nonsense.
+
+Loads the tokenizer and the model from a local folder, builds padded batches, runs forward and backward with the
+stock class and the Stable class side by side, and prints what is wrong and what to change. Exit code 0 when the
+Stable class is healthy on this checkpoint and data, 1 otherwise.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from .modeling_stable import low_precision_trainables
+from .registry import stable_class_for
+from .training import first_non_finite_module
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SENTENCES = [
+    "A gripping, beautifully shot film.",
+    "Dull.",
+    "The plot makes no sense and the dialogue is worse, but the lead actor is charming enough to carry it.",
+    "I laughed, I cried, I bought the soundtrack.",
+    "Two hours I will never get back.",
+    "An uneven but ultimately rewarding debut from a director to watch.",
+    "Not bad.",
+    "Visually stunning yet emotionally hollow, it never earns its grand finale.",
+]
+PADDING_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 8 * 2**-7, torch.float16: 8 * 2**-10}  # x max(1, |logit|)
+
+
+class Report:
+    def __init__(self):
+        self.lines, self.problems = [], 0
+
+    def ok(self, text):
+        self.lines.append(f"  ok    {text}")
+
+    def warn(self, text, fix):
+        self.lines.append(f"  WARN  {text}\n        -> {fix}")
+
+    def fail(self, text, fix):
+        self.problems += 1
+        self.lines.append(f"  FAIL  {text}\n        -> {fix}")
+
+
+def progress(text):
+    print(f"[doctor] {text}", file=sys.stderr, flush=True)
+
+
+def load_texts(path):
+    if path is None:
+        return SENTENCES, None
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    labels = [r["label"] for r in rows] if all("label" in r for r in rows) else None
+    return [r["text"] for r in rows], labels
+
+
+def check_pad_token(tokenizer, config, report):
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    if pad is None:
+        report.warn(
+            "the tokenizer has no pad token: batches cannot be padded",
+            "stable_models.setup_pad_token(tokenizer, model)",
+        )
+    elif pad == eos:
+        report.warn(
+            f"pad == eos ({tokenizer.pad_token!r}): the stock class skips a trailing eos and pools the token before it",
+            "use a Stable class (pooling reads attention_mask), or setup_pad_token(tokenizer, model)",
+        )
+    else:
+        report.ok(f"pad token {tokenizer.pad_token!r} (id {pad}), distinct from eos")
+    if config.pad_token_id is None:
+        report.warn(
+            "config.pad_token_id is None: the stock class refuses batches > 1",
+            "setup_pad_token(tokenizer, model) sets it; Stable classes do not need it",
+        )
+    elif pad is not None and config.pad_token_id != pad:
+        report.warn(
+            f"config.pad_token_id = {config.pad_token_id} but the tokenizer pads with {pad}",
+            "setup_pad_token(tokenizer, model)",
+        )
+
+
+def run_one(model, batch, alone_inputs, labels):
+    """Forward and backward once; returns a dict of measurements."""
+    model.train()
+    out = model(**batch, labels=labels)
+    out.loss.backward()
+    grads_finite = all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    finite = bool(torch.isfinite(out.logits).all() and torch.isfinite(out.loss) and grads_finite)
+    model.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        batched = model(**batch).logits.float()
+        alone = torch.cat([model(**inputs).logits.float() for inputs in alone_inputs])
+        halved = model(**batch, labels=labels, num_items_in_batch=2 * len(labels)).loss
+        full = model(**batch, labels=labels).loss
+    result = {
+        "finite": finite,
+        "loss": out.loss.item(),
+        "loss dtype": out.loss.dtype,
+        "padding error": (batched - alone).abs().max().item(),
+        "logit scale": alone.abs().max().item(),
+        "honours num_items_in_batch": bool(torch.isclose(halved * 2, full, rtol=1e-3)),
+        "first non-finite": None if finite else first_non_finite_module(model, {**batch, "labels": labels}),
+        "non-finite weights": [n for n, p in model.named_parameters() if not torch.isfinite(p).all()],
+    }
+    return result
+
+
+def diagnose(args) -> int:
+    report = Report()
+    dtype = DTYPES[args.dtype]
+    start = time.perf_counter()
+    progress(f"loading tokenizer and config from {args.model}")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = AutoConfig.from_pretrained(args.model)
+    if args.padding_side:
+        tokenizer.padding_side = args.padding_side
+    check_pad_token(tokenizer, config, report)
+    texts, labels = load_texts(args.data)
+    texts = texts[: args.max_examples]
+    labels = torch.tensor(labels[: len(texts)] if labels else [i % 2 for i in range(len(texts))])
+    num_labels = max(2, int(labels.max()) + 1)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # only to build the batch; reported above
+    batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    alone_inputs = [dict(tokenizer([t], return_tensors="pt")) for t in texts]
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    report.ok(
+        f"{len(texts)} texts, lengths {min(lengths)}-{max(lengths)}, padding {tokenizer.padding_side}, "
+        f"dtype {args.dtype}"
+    )
+
+    results = {}
+    stable_class = stable_class_for(config.model_type)
+    for name in ("stock", "Stable"):
+        progress(f"{name}: loading and running forward + backward")
+        torch.manual_seed(0)
+        kwargs = dict(num_labels=num_labels, dtype=dtype)
+        if name == "Stable":
+            model = stable_class.from_pretrained(args.model, **kwargs)
+            if "stock" in results:
+                model.score.weight.data.copy_(results["stock"]["score"])
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(args.model, **kwargs)
+            if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+                model.config.pad_token_id = tokenizer.pad_token_id  # so the stock class runs at all
+        low_precision = low_precision_trainables(model)
+        try:
+            results[name] = run_one(model, batch, alone_inputs, labels)
+        except Exception as error:  # report, do not crash: the stock class may raise where Stable does not
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+        results[name]["score"] = model.score.weight.detach().float().clone()
+        results[name]["low precision"] = low_precision
+        del model
+
+    table = [f"  {'':28} {'stock':>14} {'Stable':>14}"]
+    for key in ("finite", "loss", "loss dtype", "padding error", "honours num_items_in_batch", "first non-finite"):
+        cells = [str(results[n].get(key, results[n].get("error", "-")))[:14] for n in ("stock", "Stable")]
+        table.append(f"  {key:28} {cells[0]:>14} {cells[1]:>14}")
+
+    stock, stable = results["stock"], results["Stable"]
+    if "error" in stock:
+        report.warn(f"the stock class failed: {stock['error']}", "use the Stable class")
+    elif not stock["finite"]:
+        report.warn(f"stock class: non-finite values, first at {stock['first non-finite']}", "use the Stable class")
+    if "error" in stable:
+        report.fail(f"the Stable class failed: {stable['error']}", "fix the input or checkpoint named above")
+    elif not stable["finite"]:
+        where = f"Stable: non-finite values, first at {stable['first non-finite']}"
+        if stable["non-finite weights"]:
+            report.fail(
+                f"{where}; the checkpoint holds NaN/inf in {stable['non-finite weights'][:3]}",
+                "restore the weights from an earlier checkpoint; train with stable_models.StopOnNonFinite",
+            )
+        else:
+            report.fail(where, "load in bf16 instead" if dtype == torch.float16 else "check the data and the weights")
+    else:
+        report.ok("Stable: loss, logits and gradients are finite")
+        tolerance = PADDING_TOLERANCE[dtype] * max(1.0, stable["logit scale"])
+        if stable["padding error"] <= tolerance:
+            report.ok(f"Stable: padding changes logits by {stable['padding error']:.2e} (<= {tolerance:.1e})")
+        else:
+            report.fail(
+                f"Stable: padding changes logits by {stable['padding error']:.2e} (> {tolerance:.1e})",
+                "report this checkpoint: padding should not change a Stable model's logits",
+            )
+        if stable["loss dtype"] != torch.float32:
+            report.fail(f"Stable: loss in {stable['loss dtype']}", "report this: the Stable loss should be fp32")
+        if not stable["honours num_items_in_batch"]:
+            report.fail("Stable: loss ignores num_items_in_batch", "report this: gradient accumulation would scale")
+    if "error" not in stock and not stock["honours num_items_in_batch"]:
+        report.warn(
+            "stock class: the loss ignores num_items_in_batch, so Trainer with gradient_accumulation_steps=N "
+            "gives N x larger updates and logged loss",
+            "use the Stable class",
+        )
+    if "error" not in stock and stock["loss dtype"] != torch.float32:
+        report.warn(
+            f"stock class: loss computed in {stock['loss dtype']} (reads 0.0 once the model is confident)",
+            "use the Stable class (fp32 head, logits and loss)",
+        )
+    if stable.get("low precision"):
+        report.warn(
+            f"{len(stable['low precision'])} trainable backbone parameters are {args.dtype} without fp32 "
+            "master weights: small AdamW updates round away",
+            "load in fp32 and train with bf16 autocast (TrainingArguments(bf16=True)), or use LoRA",
+        )
+
+    print(f"stable_models doctor: {args.model} ({config.model_type}), {time.perf_counter() - start:.0f}s")
+    print("\n".join(table))
+    print("\n".join(report.lines))
+    verdict = "healthy" if report.problems == 0 else f"{report.problems} problem(s)"
+    print(f"Stable class: {verdict}")
+    return 0 if report.problems == 0 else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stable_models doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="local folder with config, weights and tokenizer")
+    parser.add_argument("--data", help="JSON lines with 'text' (and optionally integer 'label')")
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument("--padding-side", choices=["left", "right"], help="default: the tokenizer's")
+    parser.add_argument("--max-examples", type=int, default=16)
+    return diagnose(parser.parse_args(argv))

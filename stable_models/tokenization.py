@@ -1,0 +1,99 @@
+"""setup_pad_token: give a tokenizer a pad token and make the model's config agree with it.
+
+Stable pooling reads the attention mask, so the pad id never changes a Stable model's logits; it still matters for
+the stock classes, for collators that pad labels, and for anything that compares ids to `pad_token_id`.
+"""
+
+import re
+import warnings
+
+import torch
+
+NEW_PAD_TOKEN = "<|pad|>"
+# Tokens that exist to be padding or are reserved and never produced by the tokenizer, best first.
+PREFERRED_PADS = ["<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>", "<|fim_pad|>", "<|padding|>"]
+RESERVED = re.compile(r"^<\|?(reserved|unused)[_a-z]*\d*\|?>$|^\[unused\d+\]$|^<unused\d+>$")
+
+
+def _reserved_pad_candidate(tokenizer) -> str | None:
+    taken = {tokenizer.eos_token, tokenizer.bos_token, tokenizer.unk_token} - {None}
+    vocab = tokenizer.get_vocab()
+    for token in PREFERRED_PADS:
+        if token in vocab and token not in taken:
+            return token
+    reserved = sorted((vocab[t], t) for t in vocab if RESERVED.match(t) and t not in taken)
+    return reserved[0][1] if reserved else None
+
+
+def _choose_pad(tokenizer, can_resize: bool) -> tuple[str, str | None]:
+    """(token, warning or None). Order: the tokenizer's own pad unless it is eos; an unused/reserved token; unk;
+    a new token (only with a model to resize, and only if the tokenizer has no pad at all); eos, with a warning."""
+    own = tokenizer.pad_token
+    if own is not None and own != tokenizer.eos_token:
+        return own, None
+    why = f"its pad token was eos ({own!r})" if own is not None else "it had no pad token"
+    if (candidate := _reserved_pad_candidate(tokenizer)) is not None:
+        return candidate, f"setup_pad_token: {why}; using the unused token {candidate!r} as pad."
+    if tokenizer.unk_token is not None:
+        return tokenizer.unk_token, f"setup_pad_token: {why}; using unk ({tokenizer.unk_token!r}) as pad."
+    if own is None and (can_resize or tokenizer.eos_token is None):
+        return NEW_PAD_TOKEN, None
+    return tokenizer.eos_token, (
+        f"setup_pad_token: pad is eos ({tokenizer.eos_token!r}), the only usable token. Stable classes pool from "
+        "attention_mask, so pad == eos cannot change their logits; the stock classes skip a trailing eos and pool "
+        "the token before it."
+    )
+
+
+def _add_pad_row(tokenizer, model) -> None:
+    """Add NEW_PAD_TOKEN and grow the embeddings; the new row is the fp32 mean of the existing rows."""
+    tokenizer.add_special_tokens({"pad_token": NEW_PAD_TOKEN})
+    message = f"setup_pad_token: the tokenizer had no pad, unk, eos or reserved token; added {NEW_PAD_TOKEN!r}"
+    if model is None:
+        warnings.warn(message + ". Call setup_pad_token(tokenizer, model) to resize the model too.", stacklevel=3)
+        return
+    embeddings = model.get_input_embeddings()
+    old_rows = embeddings.weight.shape[0]
+    if tokenizer.pad_token_id >= old_rows:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        embeddings = model.get_input_embeddings()
+        with torch.no_grad():
+            mean = embeddings.weight[:old_rows].float().mean(0)
+            embeddings.weight[old_rows:] = mean.to(embeddings.weight.dtype)
+    warnings.warn(message + f" (id {tokenizer.pad_token_id}) and set its embedding to the mean row.", stacklevel=3)
+
+
+def setup_pad_token(tokenizer, model=None) -> int:
+    """Make sure `tokenizer` has a pad token and `model.config` (and generation_config) use its id. Idempotent.
+
+    Raises ValueError if the pad id does not fit the model's embedding table. Returns the pad token id.
+    """
+    token, note = _choose_pad(tokenizer, can_resize=model is not None)
+    if token == NEW_PAD_TOKEN and tokenizer.pad_token != NEW_PAD_TOKEN:
+        _add_pad_row(tokenizer, model)
+    elif tokenizer.pad_token != token:
+        tokenizer.pad_token = token
+        if note:
+            warnings.warn(note, stacklevel=2)
+    elif note and tokenizer.pad_token == tokenizer.eos_token:
+        warnings.warn(note, stacklevel=2)
+    pad_id = tokenizer.pad_token_id
+    if model is None:
+        return pad_id
+    rows = model.get_input_embeddings().weight.shape[0]
+    if pad_id >= rows:
+        raise ValueError(
+            f"pad token {tokenizer.pad_token!r} has id {pad_id}, outside the model's embedding table ({rows} rows): "
+            "this tokenizer does not belong to this model, or tokens were added without "
+            "model.resize_token_embeddings(len(tokenizer))."
+        )
+    configs = [model.config, getattr(model, "generation_config", None)]
+    for config in filter(None, configs):
+        if config.pad_token_id not in (None, pad_id):
+            warnings.warn(
+                f"setup_pad_token: {type(config).__name__}.pad_token_id was {config.pad_token_id}, the tokenizer pads "
+                f"with {pad_id}; set it to {pad_id}.",
+                stacklevel=2,
+            )
+        config.pad_token_id = pad_id
+    return pad_id
