@@ -11,6 +11,7 @@ from .modeling_stable_llama import StableLlamaForSequenceClassification
 from .modeling_stable_mistral import StableMistralForSequenceClassification
 from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
 from .modeling_stable_qwen3 import StableQwen3ForSequenceClassification
+from .packing import PackedCollator
 from .registry import STABLE_CLASSES, from_pretrained, register, registered, stable_class_for, unregister
 from .tokenization import setup_pad_token
 from .training import NonFiniteError, NonFiniteGuard, StopOnNonFinite
@@ -23,6 +24,7 @@ __all__ = [
     "Fp32Linear",
     "NonFiniteError",
     "NonFiniteGuard",
+    "PackedCollator",
     "StableGemma2ForSequenceClassification",
     "StableGemma3TextForSequenceClassification",
     "StableGemmaForSequenceClassification",

@@ -180,6 +180,33 @@ def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling
     return (hidden_states.to(dtype) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
+def packed_examples(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """Example index of every token of a padding-free packed batch (position ids restart at 0 for each example), or
+    None when no row holds more than one example."""
+    starts = position_ids == 0
+    if not starts[:, 1:].any():
+        return None
+    if not starts[:, 0].all():
+        raise ValueError("packed batch: every row must start a new example (position_ids[:, 0] == 0).")
+    return starts.flatten().cumsum(0) - 1
+
+
+def pool_packed(hidden_states: torch.Tensor, example_ids: torch.Tensor, pooling: str) -> torch.Tensor:
+    """Pool each example of a packed batch: its last token, or the fp32 mean of its tokens."""
+    dtype = at_least_fp32(hidden_states.dtype)
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    count = int(example_ids[-1]) + 1
+    if pooling == "last":
+        is_last = torch.ones_like(example_ids, dtype=torch.bool)
+        is_last[:-1] = example_ids[1:] != example_ids[:-1]
+        return flat[is_last].to(dtype)
+    sums = torch.zeros(count, flat.shape[-1], dtype=dtype, device=flat.device).index_add_(
+        0, example_ids, flat.to(dtype)
+    )
+    sizes = torch.bincount(example_ids, minlength=count).to(dtype).unsqueeze(-1)
+    return sums / sizes
+
+
 def sequence_classification_loss(logits, labels, config, num_items_in_batch=None):
     """fp32 loss for regression, single- and multi-label classification, as the stock class picks them.
 
@@ -409,6 +436,11 @@ class StableSequenceClassificationMixin:
         query_length = tokens.shape[1]
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
 
+        # padding-free packing (stable_models.PackedCollator): no mask, position ids restart at each example;
+        # transformers then builds block-diagonal masks, and pooling works per example
+        example_ids = None
+        if attention_mask is None and position_ids is not None and cache is None and not torch.compiler.is_compiling():
+            example_ids = packed_examples(position_ids)
         padding_mask = None if attention_mask is None else attention_mask != 0
         if padding_mask is not None and cache is None and not torch.compiler.is_compiling() and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
@@ -433,7 +465,10 @@ class StableSequenceClassificationMixin:
             **kwargs,
         )
         query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
-        pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
+        if example_ids is not None:
+            pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
+        else:
+            pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
         if outputs.last_hidden_state.dtype == torch.float16 and not torch.compiler.is_compiling():
             if not torch.isfinite(pooled).all():
                 raise ValueError(
