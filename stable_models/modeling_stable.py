@@ -30,6 +30,7 @@ MASK_BUILDERS = {
     "full_attention": create_causal_mask,
     "sliding_attention": create_sliding_window_causal_mask,
 }
+MASK_BUILDER_PARAMS = {kind: set(inspect.signature(builder).parameters) for kind, builder in MASK_BUILDERS.items()}
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -153,15 +154,14 @@ def _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, and_mask_func
     `attention_mask=None` on purpose: the builder would AND the padding mask over our function and empty the rows of
     padding queries again; `keep_real_keys_and_self` already applies the padding.
     """
-    params = inspect.signature(MASK_BUILDERS[layer_type]).parameters
+    params = MASK_BUILDER_PARAMS[layer_type]
     kwargs = {"config": config, "attention_mask": None, "and_mask_function": and_mask_function}
     kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = inputs_embeds
     kwargs["cache" if "cache" in params else "past_key_values"] = cache
     if "cache_position" in params:
         past_length = cache.get_seq_length() if cache is not None else 0
-        kwargs["cache_position"] = torch.arange(
-            past_length, past_length + inputs_embeds.shape[1], device=inputs_embeds.device
-        )
+        length = inputs_embeds.shape[1]
+        kwargs["cache_position"] = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
     return kwargs
 
 

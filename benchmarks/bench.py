@@ -1,0 +1,289 @@
+"""Stable vs stock, measured in one run: ratios, not absolute numbers, are the result.
+
+    ./dev bench                       # everything, CPU, ~10 minutes on 2 cores
+    ./dev bench --only step           # forward and forward+backward time and peak memory
+    ./dev bench --only throughput     # real tokens/s on length-skewed batches: padding vs packing
+    ./dev bench --only compile        # torch.compile vs eager
+
+Each timing is the median of --repeats runs after --warmup runs. Peak memory is measured in a fresh subprocess per
+case: on CUDA torch.cuda.max_memory_allocated, on CPU the peak RSS above the RSS after the model and inputs exist.
+"""
+
+import argparse
+import functools
+import json
+import math
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+import stable_models
+
+MID = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    num_labels=3,
+    pad_token_id=0,
+)
+ARCHS = {
+    "gemma2": (
+        transformers.Gemma2Config,
+        dict(head_dim=64, query_pre_attn_scalar=64, sliding_window=128),
+        transformers.Gemma2ForSequenceClassification,
+        stable_models.StableGemma2ForSequenceClassification,
+        "eager",
+    ),
+    "qwen2": (
+        transformers.Qwen2Config,
+        dict(),
+        transformers.Qwen2ForSequenceClassification,
+        stable_models.StableQwen2ForSequenceClassification,
+        "sdpa",
+    ),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(arch, kind, dtype, device, seed=0):
+    config_class, extra, stock, stable, attn = ARCHS[arch]
+    torch.manual_seed(seed)
+    model_class = stable if kind == "stable" else stock
+    model = model_class(config_class(**MID, **extra, attn_implementation=attn))
+    return model.to(device=device, dtype=DTYPES[dtype])
+
+
+def inputs(batch, length, padded, device, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, MID["vocab_size"], (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    if padded:  # left padding, from none to 3/4 of the row
+        for row in range(batch):
+            pad = row * (3 * length // 4) // max(1, batch - 1)
+            ids[row, :pad], mask[row, :pad] = 0, 0
+    labels = torch.randint(0, MID["num_labels"], (batch,), generator=generator)
+    return ids.to(device), mask.to(device), labels.to(device)
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_time(fn, warmup, repeats, device):
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def one_case(args):
+    """Run in a subprocess: time and peak memory of one (arch, dtype, padded, kind, mode)."""
+    model = build(args.arch, args.kind, args.dtype, args.device)
+    ids, mask, labels = inputs(args.batch, args.length, args.padded, args.device)
+
+    def step():
+        if args.mode == "forward":
+            with torch.no_grad():
+                model(ids, attention_mask=mask)
+        else:
+            model(ids, attention_mask=mask, labels=labels).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+    model.train(args.mode != "forward")
+    seconds = median_time(step, args.warmup, args.repeats, args.device)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_bytes()  # >= 0: peak above now
+        peak = max(peak, 0)
+    print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
+
+
+def run_case(args, **case):
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one-case",
+        "--device",
+        args.device,
+        "--batch",
+        str(args.batch),
+        "--length",
+        str(args.length),
+        "--warmup",
+        str(args.warmup),
+        "--repeats",
+        str(args.repeats),
+    ]
+    for key, value in case.items():
+        if key == "padded":
+            cmd += ["--padded"] if value else []
+        else:
+            cmd += [f"--{key}", str(value)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bench_step(args):
+    print(f"\n## step: batch {args.batch} x {args.length}, hidden 512, 4 layers (median of {args.repeats})")
+    print(
+        f"{'arch':7} {'dtype':5} {'padding':8} {'mode':9} {'stock ms':>9} {'Stable ms':>9} {'time ratio':>10} "
+        f"{'stock MiB':>9} {'Stable MiB':>10} {'mem ratio':>9}"
+    )
+    for arch in args.archs:
+        for dtype in args.dtypes:
+            for padded in (False, True):
+                for mode in ("forward", "train"):
+                    r = {
+                        kind: run_case(args, arch=arch, dtype=dtype, padded=padded, kind=kind, mode=mode)
+                        for kind in ("stock", "stable")
+                    }
+                    ms = {k: 1e3 * v["seconds"] for k, v in r.items()}
+                    mib = {k: v["peak_bytes"] / 2**20 for k, v in r.items()}
+                    mem_ratio = mib["stable"] / mib["stock"] if mib["stock"] > 0 else float("nan")
+                    print(
+                        f"{arch:7} {dtype:5} {'left' if padded else 'none':8} {mode:9} {ms['stock']:9.1f} "
+                        f"{ms['stable']:9.1f} {ms['stable'] / ms['stock']:10.3f} {mib['stock']:9.1f} "
+                        f"{mib['stable']:10.1f} {mem_ratio:9.3f}",
+                        flush=True,
+                    )
+
+
+def skewed_lengths(count, seed, low=8, high=512):
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        int(math.exp(math.log(low) + torch.rand((), generator=generator).item() * math.log(high / low)))
+        for _ in range(count)
+    ]
+
+
+def train_pass(model, batches, packing, device, losses):
+    """Forward+backward over every batch, padded on the right (the stock class pools that correctly) or packed."""
+    losses.clear()
+    for sequences, labels in batches:
+        if packing:
+            features = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels, strict=True)]
+            batch = stable_models.PackedCollator()(features)
+        else:
+            width = max(len(s) for s in sequences)
+            ids = torch.zeros(len(sequences), width, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, s in enumerate(sequences):
+                ids[row, : len(s)], mask[row, : len(s)] = s, 1
+            batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+
+
+def bench_throughput(args):
+    """Real (non-pad) tokens per second for forward+backward, on log-uniform lengths 8..512, batch 8."""
+    print(f"\n## throughput: {args.throughput_batches} batches of 8, lengths log-uniform in [8, 512], fp32, train")
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for b in range(args.throughput_batches):
+        lengths = skewed_lengths(8, seed=b)
+        sequences = [torch.randint(1, MID["vocab_size"], (n,), generator=generator) for n in lengths]
+        batches.append((sequences, torch.randint(0, 3, (8,), generator=generator)))
+    real_tokens = sum(len(s) for seqs, _ in batches for s in seqs)
+    print(f"{'arch':7} {'setup':22} {'tokens/s':>9} {'vs stock':>8} {'mean loss':>10}")
+    for arch in args.archs:
+        results = {}
+        for setup in ("stock, padding", "Stable, padding", "Stable, packing"):
+            model = build(arch, "stock" if setup.startswith("stock") else "stable", "fp32", args.device).train()
+            losses = []
+            run_all = functools.partial(train_pass, model, batches, setup.endswith("packing"), args.device, losses)
+            seconds = median_time(run_all, 1, args.throughput_repeats, args.device)
+            results[setup] = (real_tokens / seconds, sum(losses) / len(losses))
+            base = results["stock, padding"][0]
+            print(
+                f"{arch:7} {setup:22} {results[setup][0]:9.0f} {results[setup][0] / base:7.2f}x "
+                f"{results[setup][1]:10.6f}",
+                flush=True,
+            )
+
+
+def bench_compile(args):
+    print(f"\n## torch.compile (Stable, fp32, forward, batch {args.batch} x {args.length}, left padding)")
+    for arch in args.archs:
+        model = build(arch, "stable", "fp32", args.device).eval()
+        ids, mask, _ = inputs(args.batch, args.length, True, args.device)
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            start = time.perf_counter()
+            compiled_logits = compiled(ids, attention_mask=mask).logits
+            compile_seconds = time.perf_counter() - start
+            eager_logits = model(ids, attention_mask=mask).logits
+            eager_call = functools.partial(model, ids, attention_mask=mask)
+            compiled_call = functools.partial(compiled, ids, attention_mask=mask)
+            eager = median_time(eager_call, args.warmup, args.repeats, args.device)
+            fast = median_time(compiled_call, args.warmup, args.repeats, args.device)
+        difference = (compiled_logits - eager_logits).abs().max().item()
+        print(
+            f"{arch:7} eager {1e3 * eager:8.1f} ms  compiled {1e3 * fast:8.1f} ms  speed-up {eager / fast:5.2f}x  "
+            f"first call {compile_seconds:5.1f} s  max |logit difference| {difference:.1e}",
+            flush=True,
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--only", nargs="+", default=["step", "throughput", "compile"], choices=["step", "throughput", "compile"]
+    )
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--throughput-batches", type=int, default=6)
+    parser.add_argument("--throughput-repeats", type=int, default=3)
+    parser.add_argument("--one-case", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--arch", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
+    parser.add_argument("--padded", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(min(torch.get_num_threads(), 2))
+    if args.one_case:
+        return one_case(args)
+    print(
+        f"# stable_models {stable_models.__version__}, transformers {transformers.__version__}, torch "
+        f"{torch.__version__}, {args.device}, {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads"
+    )
+    for part in args.only:
+        {"step": bench_step, "throughput": bench_throughput, "compile": bench_compile}[part](args)
+
+
+if __name__ == "__main__":
+    main()

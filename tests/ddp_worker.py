@@ -1,0 +1,70 @@
+"""Trainer run used by test_ddp.py: `torchrun --nproc_per_node 2 ddp_worker.py OUT --batch 4 [--packing]` or
+`python ddp_worker.py OUT --batch 8`. Writes the logged loss curve and a weight checksum to OUT (rank 0)."""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from architectures import BY_NAME, make_models, pad_batch, random_sequences  # noqa: E402
+from transformers import Trainer, TrainingArguments  # noqa: E402
+
+from stable_models import PackedCollator  # noqa: E402
+
+
+class SequentialTrainer(Trainer):
+    """Examples in dataset order, so one process with batch 2B sees what two processes with batch B see together."""
+
+    def _get_train_sampler(self, *args, **kwargs):
+        return torch.utils.data.SequentialSampler(self.train_dataset)
+
+
+def collate_left(features):
+    ids, mask = pad_batch([f["input_ids"] for f in features], "left")
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["labels"] for f in features])}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--packing", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sequences = random_sequences([3 + (7 * i) % 11 for i in range(32)], seed=6)
+    dataset = [{"input_ids": s, "labels": i % 3} for i, s in enumerate(sequences)]
+    model = make_models(BY_NAME["qwen2"])[0]
+    training = TrainingArguments(
+        output_dir=os.path.join(os.path.dirname(args.out), "trainer"),
+        per_device_train_batch_size=args.batch,
+        max_steps=4,
+        learning_rate=1e-2,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        remove_unused_columns=False,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+    )
+    trainer = SequentialTrainer(
+        model=model,
+        args=training,
+        train_dataset=dataset,
+        data_collator=PackedCollator() if args.packing else collate_left,
+    )
+    trainer.train()
+    if trainer.is_world_process_zero():
+        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        weights = sum(p.detach().double().abs().sum().item() for p in model.parameters())
+        with open(args.out, "w") as handle:
+            json.dump({"losses": losses, "weights": weights, "world": trainer.args.world_size}, handle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Two gloo DDP processes (torchrun) with batch B give the loss curve of one process with batch 2B."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("ddp_worker.py")
+
+
+def run(tmp_path, name, processes, batch, packing):
+    out = tmp_path / f"{name}.json"
+    extra = ["--packing"] if packing else []
+    if processes == 1:
+        cmd = [sys.executable, str(WORKER), str(out), "--batch", str(batch), *extra]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_port",
+            str(29500 + os.getpid() % 1000),
+            str(WORKER),
+            str(out),
+            "--batch",
+            str(batch),
+            *extra,
+        ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True, timeout=600)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True], ids=["padding", "packing"])
+def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
+    single = run(tmp_path, "single", 1, 8, packing)
+    ddp = run(tmp_path, "ddp", 2, 4, packing)
+    assert ddp["world"] == 2 and single["world"] == 1
+    assert len(ddp["losses"]) == len(single["losses"]) == 4
+    assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-4)
+    assert ddp["weights"] == pytest.approx(single["weights"], rel=1e-6)
