@@ -139,3 +139,13 @@ def logits_alone(model, sequences, **kwargs):
     """Each sequence run on its own, without padding or mask: the reference for padding invariance."""
     with torch.no_grad():
         return torch.cat([model(seq[None], **kwargs).logits for seq in sequences])
+
+
+def toy_dataset(lengths, seed):
+    """Trainer examples {"input_ids": 1-D tensor, "labels": int}; a list is a valid Trainer dataset."""
+    return [{"input_ids": s, "labels": i % 3} for i, s in enumerate(random_sequences(lengths, seed=seed))]
+
+
+def collate_left(features):
+    ids, mask = pad_batch([f["input_ids"] for f in features], "left")
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["labels"] for f in features])}

@@ -9,7 +9,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from architectures import BY_NAME, make_models, pad_batch, random_sequences  # noqa: E402
+from architectures import BY_NAME, collate_left, make_models, toy_dataset  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from stable_models import PackedCollator  # noqa: E402
@@ -22,11 +22,6 @@ class SequentialTrainer(Trainer):
         return torch.utils.data.SequentialSampler(self.train_dataset)
 
 
-def collate_left(features):
-    ids, mask = pad_batch([f["input_ids"] for f in features], "left")
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["labels"] for f in features])}
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -34,8 +29,7 @@ def main():
     parser.add_argument("--packing", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sequences = random_sequences([3 + (7 * i) % 11 for i in range(32)], seed=6)
-    dataset = [{"input_ids": s, "labels": i % 3} for i, s in enumerate(sequences)]
+    dataset = toy_dataset([3 + (7 * i) % 11 for i in range(32)], seed=6)
     model = make_models(BY_NAME["qwen2"])[0]
     training = TrainingArguments(
         output_dir=os.path.join(os.path.dirname(args.out), "trainer"),

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, BY_NAME, make_models, pad_batch, random_sequences
+from architectures import ARCHITECTURES, BY_NAME, collate_left, make_models, pad_batch, random_sequences, toy_dataset
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -84,22 +84,6 @@ def test_no_low_precision_warning_when_it_does_not_apply(setup):
         model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1]))
 
 
-class PaddedDataset(torch.utils.data.Dataset):
-    def __init__(self):
-        self.ids = random_sequences([3 + i % 5 for i in range(24)], seed=2)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"ids": self.ids[i], "label": i % 3}
-
-
-def collate_left(examples):
-    ids, mask = pad_batch([e["ids"] for e in examples], "left")
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([e["label"] for e in examples])}
-
-
 class PoisonStep(TrainerCallback):
     """From `step` on, layer 1 outputs NaN (a stand-in for an overflow or a bad kernel)."""
 
@@ -135,7 +119,11 @@ def train_with_poison(tmp_path, guard: bool):
     )
     callbacks = [PoisonStep(model, step=3)] + ([StopOnNonFinite()] if guard else [])
     trainer = Trainer(
-        model=model, args=args, train_dataset=PaddedDataset(), data_collator=collate_left, callbacks=callbacks
+        model=model,
+        args=args,
+        train_dataset=toy_dataset([3 + i % 5 for i in range(24)], seed=2),
+        data_collator=collate_left,
+        callbacks=callbacks,
     )
     return trainer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, BY_NAME, make_models, pad_batch, random_sequences
+from architectures import ARCHITECTURES, BY_NAME, collate_left, make_models, pad_batch, random_sequences, toy_dataset
 from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
 
 import stable_models
@@ -189,22 +189,6 @@ def test_peft_adapter_and_merged_round_trips(arch, tmp_path):
         assert torch.equal(auto(input_ids=ids, attention_mask=mask).logits, merged_logits)
 
 
-class PaddedDataset(torch.utils.data.Dataset):
-    def __init__(self):
-        self.ids = random_sequences([3 + i % 6 for i in range(16)], seed=5)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"ids": self.ids[i], "label": i % 3}
-
-
-def collate_left(examples):
-    ids, mask = pad_batch([e["ids"] for e in examples], "left")
-    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([e["label"] for e in examples])}
-
-
 def trainer_for(arch, output_dir):
     args = TrainingArguments(
         output_dir=str(output_dir),
@@ -220,7 +204,12 @@ def trainer_for(arch, output_dir):
         remove_unused_columns=False,
         lr_scheduler_type="linear",
     )
-    return Trainer(model=make_models(arch)[0], args=args, train_dataset=PaddedDataset(), data_collator=collate_left)
+    return Trainer(
+        model=make_models(arch)[0],
+        args=args,
+        train_dataset=toy_dataset([3 + i % 6 for i in range(16)], seed=5),
+        data_collator=collate_left,
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)

@@ -11,6 +11,7 @@ from architectures import (
     make_models,
     pad_batch,
     random_sequences,
+    toy_dataset,
 )
 from test_masks import RECORDED, probes  # noqa: F401  (the fixture registers the recording probe)
 from transformers import Trainer, TrainingArguments
@@ -63,8 +64,7 @@ def test_packed_masks_are_block_diagonal_without_empty_rows(arch):
 
 
 def test_trainer_with_the_packing_collator(tmp_path):
-    sequences = random_sequences([3 + i % 7 for i in range(16)], seed=4)
-    dataset = [{"input_ids": s, "labels": i % 3} for i, s in enumerate(sequences)]
+    dataset = toy_dataset([3 + i % 7 for i in range(16)], seed=4)
     args = TrainingArguments(
         output_dir=str(tmp_path),
         per_device_train_batch_size=8,
