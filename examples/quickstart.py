@@ -7,10 +7,14 @@ batch and each text run alone) and held-out accuracy.
 
     ./dev quickstart                 # defaults: both architectures, both padding sides
     ./dev quickstart --steps 200     # longer runs
+    ./dev quickstart --real          # the real Qwen2.5-0.5B on Rotten Tomatoes instead (examples/finetune_real.py)
 """
 
 import argparse
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -116,7 +120,21 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--real",
+        nargs="?",
+        const="qwen2.5-0.5b",
+        metavar="MODEL",
+        help="fetch a real checkpoint (default qwen2.5-0.5b) and fine-tune it on Rotten Tomatoes",
+    )
     args = parser.parse_args()
+    if args.real:
+        here = Path(__file__).resolve().parent
+        subprocess.run(
+            [sys.executable, str(here.parent / "scripts" / "fetch_real_checkpoints.py"), "--only", args.real, "data"],
+            check=True,
+        )
+        sys.exit(subprocess.run([sys.executable, str(here / "finetune_real.py"), "--model", args.real]).returncode)
     torch.set_num_threads(min(torch.get_num_threads(), 2))
     train, test = make_texts(512, args.seed), make_texts(128, args.seed + 1)
 
