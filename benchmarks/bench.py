@@ -5,19 +5,16 @@
     ./dev bench --only throughput     # real tokens/s on length-skewed batches: padding vs packing
     ./dev bench --only compile        # torch.compile vs eager
 
-Each timing is the median of --repeats runs after --warmup runs. Peak memory is measured in a fresh subprocess per
-case: on CUDA torch.cuda.max_memory_allocated, on CPU the peak RSS above the RSS after the model and inputs exist.
+Each timing is the median of --repeats runs after --warmup runs, stock and Stable alternating in one process. Memory:
+on CUDA the peak allocated above what was in use before the step; on CPU (no allocator statistics) the bytes of the
+distinct tensors autograd saves for backward, i.e. the activation memory of a training step.
 """
 
 import argparse
 import functools
-import json
 import math
 import platform
-import resource
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
@@ -92,83 +89,79 @@ def median_time(fn, warmup, repeats, device):
     return statistics.median(times)
 
 
-def rss_bytes():
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize()
+def saved_activation_bytes(fn):
+    """Bytes of the distinct tensors autograd keeps for backward during fn(): the activation memory of training."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn()
+    return sum(storages.values())
 
 
-def one_case(args):
-    """Run in a subprocess: time and peak memory of one (arch, dtype, padded, kind, mode)."""
-    model = build(args.arch, args.kind, args.dtype, args.device)
-    ids, mask, labels = inputs(args.batch, args.length, args.padded, args.device)
-
-    def step():
-        if args.mode == "forward":
-            with torch.no_grad():
-                model(ids, attention_mask=mask)
-        else:
-            model(ids, attention_mask=mask, labels=labels).loss.backward()
-            model.zero_grad(set_to_none=True)
-
-    model.train(args.mode != "forward")
-    seconds = median_time(step, args.warmup, args.repeats, args.device)
-    if args.device.startswith("cuda"):
+def peak_bytes(fn, device, training):
+    """CUDA: peak allocated memory above the memory in use before fn(). CPU: saved activations (training only)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        step()
-        peak = torch.cuda.max_memory_allocated() - base
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    return saved_activation_bytes(fn) if training else float("nan")
+
+
+def one_step(model, ids, mask, labels, mode):
+    if mode == "forward":
+        with torch.no_grad():
+            model(ids, attention_mask=mask)
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_bytes()  # >= 0: peak above now
-        peak = max(peak, 0)
-    print(json.dumps({"seconds": seconds, "peak_bytes": peak}))
-
-
-def run_case(args, **case):
-    cmd = [
-        sys.executable,
-        __file__,
-        "--one-case",
-        "--device",
-        args.device,
-        "--batch",
-        str(args.batch),
-        "--length",
-        str(args.length),
-        "--warmup",
-        str(args.warmup),
-        "--repeats",
-        str(args.repeats),
-    ]
-    for key, value in case.items():
-        if key == "padded":
-            cmd += ["--padded"] if value else []
-        else:
-            cmd += [f"--{key}", str(value)]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        model.zero_grad(set_to_none=True)
 
 
 def bench_step(args):
-    print(f"\n## step: batch {args.batch} x {args.length}, hidden 512, 4 layers (median of {args.repeats})")
+    """Stock and Stable alternate run by run in one process, so drift in the machine's speed cancels in the ratio."""
+    memory = "peak MiB" if args.device.startswith("cuda") else "saved MiB"
     print(
-        f"{'arch':7} {'dtype':5} {'padding':8} {'mode':9} {'stock ms':>9} {'Stable ms':>9} {'time ratio':>10} "
-        f"{'stock MiB':>9} {'Stable MiB':>10} {'mem ratio':>9}"
+        f"\n## step: batch {args.batch} x {args.length}, hidden 512, 4 layers (median of {args.repeats}, alternating)"
+    )
+    print(
+        f"{'arch':7} {'dtype':5} {'padding':8} {'mode':8} {'stock ms':>9} {'Stable ms':>9} {'ratio':>6} "
+        f"{'stock ' + memory:>15} {'Stable ' + memory:>16} {'ratio':>6}"
     )
     for arch in args.archs:
         for dtype in args.dtypes:
             for padded in (False, True):
+                models = {kind: build(arch, kind, dtype, args.device) for kind in ("stock", "stable")}
+                models["stable"].load_state_dict(models["stock"].state_dict())
+                ids, mask, labels = inputs(args.batch, args.length, padded, args.device)
                 for mode in ("forward", "train"):
-                    r = {
-                        kind: run_case(args, arch=arch, dtype=dtype, padded=padded, kind=kind, mode=mode)
-                        for kind in ("stock", "stable")
-                    }
-                    ms = {k: 1e3 * v["seconds"] for k, v in r.items()}
-                    mib = {k: v["peak_bytes"] / 2**20 for k, v in r.items()}
-                    mem_ratio = mib["stable"] / mib["stock"] if mib["stock"] > 0 else float("nan")
+                    steps = {}
+                    for kind, model in models.items():
+                        model.train(mode == "train")
+                        steps[kind] = functools.partial(one_step, model, ids, mask, labels, mode)
+                    for _ in range(args.warmup):
+                        for step in steps.values():
+                            step()
+                    times = {kind: [] for kind in steps}
+                    for _ in range(args.repeats):
+                        for kind, step in steps.items():
+                            sync(args.device)
+                            start = time.perf_counter()
+                            step()
+                            sync(args.device)
+                            times[kind].append(time.perf_counter() - start)
+                    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+                    mib = {k: peak_bytes(step, args.device, mode == "train") / 2**20 for k, step in steps.items()}
                     print(
-                        f"{arch:7} {dtype:5} {'left' if padded else 'none':8} {mode:9} {ms['stock']:9.1f} "
-                        f"{ms['stable']:9.1f} {ms['stable'] / ms['stock']:10.3f} {mib['stock']:9.1f} "
-                        f"{mib['stable']:10.1f} {mem_ratio:9.3f}",
+                        f"{arch:7} {dtype:5} {'left' if padded else 'none':8} {mode:8} {ms['stock']:9.1f} "
+                        f"{ms['stable']:9.1f} {ms['stable'] / ms['stock']:6.3f} {mib['stock']:15.1f} "
+                        f"{mib['stable']:16.1f} {mib['stable'] / mib['stock']:6.3f}",
                         flush=True,
                     )
 
@@ -265,17 +258,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--throughput-batches", type=int, default=6)
     parser.add_argument("--throughput-repeats", type=int, default=3)
-    parser.add_argument("--one-case", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--arch", help=argparse.SUPPRESS)
-    parser.add_argument("--dtype", help=argparse.SUPPRESS)
-    parser.add_argument("--padded", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--kind", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(min(torch.get_num_threads(), 2))
-    if args.one_case:
-        return one_case(args)
     print(
         f"# stable_models {stable_models.__version__}, transformers {transformers.__version__}, torch "
         f"{torch.__version__}, {args.device}, {platform.processor() or platform.machine()}, "

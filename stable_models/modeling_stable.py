@@ -446,7 +446,8 @@ class StableSequenceClassificationMixin:
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
         backbone_mask = attention_mask
         if padding_mask is not None:
-            if position_ids is None:
+            left_padded = torch.compiler.is_compiling() or cache is not None or not padding_mask[:, 0].all()
+            if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
                 position_ids = position_ids_from_mask(padding_mask, query_length)
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings()(input_ids)
