@@ -16,6 +16,7 @@ import math
 import platform
 import statistics
 import time
+import warnings
 
 import torch
 import transformers
@@ -259,6 +260,7 @@ def main():
     parser.add_argument("--throughput-batches", type=int, default=6)
     parser.add_argument("--throughput-repeats", type=int, default=3)
     args = parser.parse_args()
+    warnings.filterwarnings("ignore", message=".*without fp32 master weights")  # bf16 weights train on purpose here
     if args.device == "cpu":
         torch.set_num_threads(min(torch.get_num_threads(), 2))
     print(

@@ -115,11 +115,7 @@ def position_ids_from_mask(padding_mask: torch.Tensor, query_length: int) -> tor
 
 
 def keep_real_keys_and_self(padding_mask: torch.Tensor):
-    """Mask function: a query sees the real keys (causal and window rules still apply) and always itself.
-
-    A padding query would otherwise see nothing: a fully masked row, which fused SDPA kernels turn into NaN.
-    Real queries never see padding keys, since a padding key is never the query's own position.
-    """
+    """Mask function: a query sees the real keys (causal and window rules still apply) and always itself."""
 
     def mask_function(batch_idx, head_idx, q_idx, kv_idx):
         return padding_mask[batch_idx, kv_idx] | (q_idx == kv_idx)
@@ -127,11 +123,27 @@ def keep_real_keys_and_self(padding_mask: torch.Tensor):
     return mask_function
 
 
+def with_self_attention(mask: torch.Tensor) -> torch.Tensor:
+    """Let every query attend to its own position in a 4D mask (bool: True = attend; float: 0 = attend).
+
+    Real queries already do (causal masks keep the diagonal), so only padding queries change: a padding key is never
+    a real query's own position, so real tokens still never see padding.
+    """
+    queries, keys = mask.shape[-2:]
+    own = torch.arange(queries, device=mask.device)[:, None] + (keys - queries) == torch.arange(
+        keys, device=mask.device
+    )
+    return mask | own if mask.dtype == torch.bool else mask.masked_fill(own, 0.0)
+
+
 def build_attention_masks(config, padding_mask, inputs_embeds, cache, layer_types):
     """One mask per layer type, none of them with an empty row.
 
-    Flash kernels drop padding rows themselves (varlen) and take the 2D mask; attention implementations without a
-    mask builder get what the stock model would give them.
+    A padding query would otherwise see nothing (left padding, or right padding under a sliding window shorter than
+    the padding): a fully masked row, which fused SDPA kernels turn into NaN that 0 x NaN spreads to every token.
+    transformers' own builders make the mask; every query then also attends to itself. Flash kernels drop padding rows
+    themselves (varlen) and take the 2D mask; attention implementations without a mask builder get what the stock
+    model would give them.
     """
     implementation = config._attn_implementation
     if (
@@ -139,23 +151,26 @@ def build_attention_masks(config, padding_mask, inputs_embeds, cache, layer_type
         or ALL_MASK_ATTENTION_FUNCTIONS[implementation] is flash_attention_mask
     ):
         return padding_mask
-    mask_function = keep_real_keys_and_self(padding_mask)
-    return {
-        layer_type: MASK_BUILDERS[layer_type](
-            **_mask_builder_kwargs(layer_type, config, inputs_embeds, cache, mask_function)
-        )
-        for layer_type in layer_types
-    }
+    masks = {}
+    for layer_type in layer_types:
+        builder = MASK_BUILDERS[layer_type]
+        mask = builder(**_mask_builder_kwargs(layer_type, config, inputs_embeds, cache, attention_mask=padding_mask))
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+            masks[layer_type] = with_self_attention(mask)
+        else:  # flex BlockMask, or a user's mask format: build it from a mask function instead
+            function = keep_real_keys_and_self(padding_mask)
+            kwargs = _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, None, and_mask_function=function)
+            masks[layer_type] = builder(**kwargs)
+    return masks
 
 
-def _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, and_mask_function):
+def _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, attention_mask, **extra):
     """Keyword arguments for transformers' mask builders, whose names changed between 4.57 and 5.x.
 
-    `attention_mask=None` on purpose: the builder would AND the padding mask over our function and empty the rows of
-    padding queries again; `keep_real_keys_and_self` already applies the padding.
+    No position_ids: they would only switch on packed-sequence detection, which padding must not trigger.
     """
     params = MASK_BUILDER_PARAMS[layer_type]
-    kwargs = {"config": config, "attention_mask": None, "and_mask_function": and_mask_function}
+    kwargs = {"config": config, "attention_mask": attention_mask, **extra}
     kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = inputs_embeds
     kwargs["cache" if "cache" in params else "past_key_values"] = cache
     if "cache_position" in params:
