@@ -33,10 +33,12 @@ def describe_batch(batch: dict, model=None) -> str:
 
 
 def _non_finite(output) -> bool:
-    tensors = [output] if torch.is_tensor(output) else [o for o in (output or ()) if torch.is_tensor(o)]
-    if isinstance(output, dict):
-        tensors = [v for v in output.values() if torch.is_tensor(v)]
-    return any(t.is_floating_point() and not torch.isfinite(t).all() for t in tensors)
+    """Whether a module output (a tensor, a tuple, or a ModelOutput/dict) holds a non-finite float."""
+    if torch.is_tensor(output):
+        items = [output]
+    else:
+        items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else []
+    return any(torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all() for t in items)
 
 
 def first_non_finite_module(model, batch: dict) -> str | None:
@@ -45,7 +47,7 @@ def first_non_finite_module(model, batch: dict) -> str | None:
 
     def hook(name):
         def record(module, args, output):
-            if not found and _non_finite(output if not hasattr(output, "to_tuple") else output.to_tuple()):
+            if not found and _non_finite(output):
                 found.append(name)
 
         return record
