@@ -21,10 +21,9 @@ def run(tmp_path, name, processes, batch, packing):
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # rendezvous on a port the OS picks: a fixed port can still be held by an earlier run
             "--nproc_per_node",
             str(processes),
-            "--master_port",
-            str(29500 + os.getpid() % 1000),
             str(WORKER),
             str(out),
             "--batch",
@@ -32,7 +31,9 @@ def run(tmp_path, name, processes, batch, packing):
             *extra,
         ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    subprocess.run(cmd, check=True, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{output}"
     return json.loads(out.read_text())
 
 
