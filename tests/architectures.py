@@ -149,3 +149,9 @@ def toy_dataset(lengths, seed):
 def collate_left(features):
     ids, mask = pad_batch([f["input_ids"] for f in features], "left")
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["labels"] for f in features])}
+
+
+def cpu_training_args(output_dir, **overrides):
+    """TrainingArguments for a short, seeded CPU run that logs every step and saves only when asked."""
+    quiet = {"logging_steps": 1, "report_to": [], "use_cpu": True, "seed": 0, "save_strategy": "no"}
+    return transformers.TrainingArguments(str(output_dir), **{**quiet, "remove_unused_columns": False, **overrides})

@@ -9,8 +9,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from architectures import BY_NAME, collate_left, make_models, toy_dataset  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from architectures import BY_NAME, collate_left, cpu_training_args, make_models, toy_dataset  # noqa: E402
+from transformers import Trainer  # noqa: E402
 
 from stable_models import PackedCollator  # noqa: E402
 
@@ -31,19 +31,13 @@ def main():
     torch.set_num_threads(1)
     dataset = toy_dataset([3 + (7 * i) % 11 for i in range(32)], seed=6)
     model = make_models(BY_NAME["qwen2"])[0]
-    training = TrainingArguments(
-        output_dir=os.path.join(os.path.dirname(args.out), "trainer"),
+    training = cpu_training_args(
+        os.path.join(os.path.dirname(args.out), "trainer"),
         per_device_train_batch_size=args.batch,
         max_steps=4,
         learning_rate=1e-2,
         optim="sgd",
         lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        remove_unused_columns=False,
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     )
     trainer = SequentialTrainer(

@@ -4,9 +4,18 @@ import warnings
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, BY_NAME, collate_left, make_models, pad_batch, random_sequences, toy_dataset
+from architectures import (
+    ARCHITECTURES,
+    BY_NAME,
+    collate_left,
+    cpu_training_args,
+    make_models,
+    pad_batch,
+    random_sequences,
+    toy_dataset,
+)
 from safetensors.torch import load_file
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 
 from stable_models import NonFiniteError, NonFiniteGuard, StopOnNonFinite
 
@@ -104,18 +113,13 @@ class PoisonStep(TrainerCallback):
 
 def train_with_poison(tmp_path, guard: bool):
     model = make_models(BY_NAME["qwen2"])[0]
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
+    args = cpu_training_args(
+        tmp_path,
         per_device_train_batch_size=4,
         max_steps=5,
         learning_rate=1e-3,
         save_strategy="steps",
         save_steps=1,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        remove_unused_columns=False,
     )
     callbacks = [PoisonStep(model, step=3)] + ([StopOnNonFinite()] if guard else [])
     trainer = Trainer(

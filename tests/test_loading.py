@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, BY_NAME, collate_left, make_models, pad_batch, random_sequences, toy_dataset
-from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+from architectures import (
+    ARCHITECTURES,
+    BY_NAME,
+    collate_left,
+    cpu_training_args,
+    make_models,
+    pad_batch,
+    random_sequences,
+    toy_dataset,
+)
+from transformers import AutoModelForSequenceClassification, Trainer
 
 import stable_models
 
@@ -190,18 +199,13 @@ def test_peft_adapter_and_merged_round_trips(arch, tmp_path):
 
 
 def trainer_for(arch, output_dir):
-    args = TrainingArguments(
-        output_dir=str(output_dir),
+    args = cpu_training_args(
+        output_dir,
         per_device_train_batch_size=4,
         max_steps=6,
         learning_rate=1e-3,
         save_strategy="steps",
         save_steps=3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        seed=0,
-        remove_unused_columns=False,
         lr_scheduler_type="linear",
     )
     return Trainer(

@@ -7,6 +7,7 @@ from architectures import (
     ARCH_ATTN_IDS,
     ARCHITECTURES,
     BY_NAME,
+    cpu_training_args,
     logits_alone,
     make_models,
     pad_batch,
@@ -14,7 +15,7 @@ from architectures import (
     toy_dataset,
 )
 from test_masks import RECORDED, probes  # noqa: F401  (the fixture registers the recording probe)
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from stable_models import PackedCollator
 
@@ -65,17 +66,11 @@ def test_packed_masks_are_block_diagonal_without_empty_rows(arch):
 
 def test_trainer_with_the_packing_collator(tmp_path):
     dataset = toy_dataset([3 + i % 7 for i in range(16)], seed=4)
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
+    args = cpu_training_args(
+        tmp_path,
         per_device_train_batch_size=8,
         max_steps=2,
         learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        remove_unused_columns=False,
     )
     model = make_models(BY_NAME["qwen2"])[0]
     trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=PackedCollator())

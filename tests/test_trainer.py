@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, make_models, random_sequences
-from transformers import Trainer, TrainingArguments
+from architectures import ARCHITECTURES, cpu_training_args, make_models, random_sequences
+from transformers import Trainer
 
 
 class FixedLengthDataset(torch.utils.data.Dataset):
@@ -22,19 +22,14 @@ class FixedLengthDataset(torch.utils.data.Dataset):
 
 def one_optimizer_step(model, tmp_path, batch_size, accumulation):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = TrainingArguments(
-        output_dir=str(tmp_path),
+    args = cpu_training_args(
+        tmp_path,
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=accumulation,
         max_steps=1,
         learning_rate=0.1,
         optim="sgd",
         lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=0,
         max_grad_norm=0.0,  # no clipping, so the update is the raw gradient
     )
     trainer = Trainer(model=model, args=args, train_dataset=FixedLengthDataset())
