@@ -439,7 +439,8 @@ class StableSequenceClassificationMixin:
     ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        if not torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()  # data-dependent checks and shortcuts would break the graph
+        if not compiling:
             check_inputs(self, input_ids, attention_mask, inputs_embeds, labels)
             if self.training and torch.is_grad_enabled() and not getattr(self, "_low_precision_checked", False):
                 self._low_precision_checked = True  # once, at the first training step
@@ -454,14 +455,14 @@ class StableSequenceClassificationMixin:
         # padding-free packing (stable_models.PackedCollator): no mask, position ids restart at each example;
         # transformers then builds block-diagonal masks, and pooling works per example
         example_ids = None
-        if attention_mask is None and position_ids is not None and cache is None and not torch.compiler.is_compiling():
+        if attention_mask is None and position_ids is not None and cache is None and not compiling:
             example_ids = packed_examples(position_ids)
         padding_mask = None if attention_mask is None else attention_mask != 0
-        if padding_mask is not None and cache is None and not torch.compiler.is_compiling() and padding_mask.all():
+        if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
         backbone_mask = attention_mask
         if padding_mask is not None:
-            left_padded = torch.compiler.is_compiling() or cache is not None or not padding_mask[:, 0].all()
+            left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
             if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
                 position_ids = position_ids_from_mask(padding_mask, query_length)
             if inputs_embeds is None:
@@ -485,7 +486,7 @@ class StableSequenceClassificationMixin:
             pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
         else:
             pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
-        if outputs.last_hidden_state.dtype == torch.float16 and not torch.compiler.is_compiling():
+        if outputs.last_hidden_state.dtype == torch.float16 and not compiling:
             if not torch.isfinite(pooled).all():
                 raise ValueError(
                     f"{type(self).__name__} overflowed in float16: an activation exceeded 65504 (Gemma, Qwen and other "
