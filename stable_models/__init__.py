@@ -1,22 +1,33 @@
 """stable_models: numerically stable, padding-correct decoder LLM sequence classifiers for transformers.
 
-Importing this package changes nothing global: no transformers class or registry is patched.
+`stable_models.Stable<Name>ForSequenceClassification` exists for every transformers decoder classifier
+`<Name>ForSequenceClassification` built on GenericForSequenceClassification (Qwen2, Gemma2, Llama, Mixtral, Phi3, ...);
+each is built on first use. Importing this package changes nothing global: no transformers class or registry is
+patched, and no architecture's modeling code is imported.
 """
 
+from . import modeling_stable
 from .modeling_stable import POOLING_MODES, Fp32Linear, StableSequenceClassificationMixin, check_checkpoint
-from .modeling_stable_gemma import StableGemmaForSequenceClassification
-from .modeling_stable_gemma2 import StableGemma2ForSequenceClassification
-from .modeling_stable_gemma3_text import StableGemma3TextForSequenceClassification
-from .modeling_stable_llama import StableLlamaForSequenceClassification
-from .modeling_stable_mistral import StableMistralForSequenceClassification
-from .modeling_stable_qwen2 import StableQwen2ForSequenceClassification
-from .modeling_stable_qwen3 import StableQwen3ForSequenceClassification
 from .packing import PackedCollator
-from .registry import STABLE_CLASSES, from_pretrained, register, registered, stable_class_for, unregister
+from .registry import (
+    STABLE_CLASSES,
+    from_pretrained,
+    register,
+    registered,
+    stable_class_for,
+    supported_model_types,
+    unregister,
+)
 from .tokenization import setup_pad_token
 from .training import NonFiniteError, NonFiniteGuard, StopOnNonFinite
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+
+def __getattr__(name: str):
+    """`stable_models.StableQwen3MoeForSequenceClassification` and the like, built on first use."""
+    return getattr(modeling_stable, name)
+
 
 __all__ = [
     "POOLING_MODES",
@@ -25,13 +36,6 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuard",
     "PackedCollator",
-    "StableGemma2ForSequenceClassification",
-    "StableGemma3TextForSequenceClassification",
-    "StableGemmaForSequenceClassification",
-    "StableLlamaForSequenceClassification",
-    "StableMistralForSequenceClassification",
-    "StableQwen2ForSequenceClassification",
-    "StableQwen3ForSequenceClassification",
     "StableSequenceClassificationMixin",
     "StopOnNonFinite",
     "check_checkpoint",
@@ -40,5 +44,6 @@ __all__ = [
     "registered",
     "setup_pad_token",
     "stable_class_for",
+    "supported_model_types",
     "unregister",
 ]

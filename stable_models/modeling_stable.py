@@ -6,7 +6,7 @@ Every architecture file combines `StableSequenceClassificationMixin` with the st
 in `from_pretrained` and adds a model card in `save_pretrained`; weights, attributes and outputs stay the stock ones.
 """
 
-import inspect
+import importlib
 import json
 import os
 import struct
@@ -15,22 +15,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.masking_utils import (
-    ALL_MASK_ATTENTION_FUNCTIONS,
-    create_causal_mask,
-    create_sliding_window_causal_mask,
-    flash_attention_mask,
-)
+from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 from transformers.utils.generic import can_return_tuple
 
 POOLING_MODES = ("last", "mean")
 DEFAULT_POOLING = "last"
-MASK_BUILDERS = {
-    "full_attention": create_causal_mask,
-    "sliding_attention": create_sliding_window_causal_mask,
-}
-MASK_BUILDER_PARAMS = {kind: set(inspect.signature(builder).parameters) for kind, builder in MASK_BUILDERS.items()}
 
 
 def at_least_fp32(dtype: torch.dtype) -> torch.dtype:
@@ -114,15 +104,6 @@ def position_ids_from_mask(padding_mask: torch.Tensor, query_length: int) -> tor
     return positions.clamp(min=0)[:, -query_length:]
 
 
-def keep_real_keys_and_self(padding_mask: torch.Tensor):
-    """Mask function: a query sees the real keys (causal and window rules still apply) and always itself."""
-
-    def mask_function(batch_idx, head_idx, q_idx, kv_idx):
-        return padding_mask[batch_idx, kv_idx] | (q_idx == kv_idx)
-
-    return mask_function
-
-
 def with_self_attention(mask: torch.Tensor) -> torch.Tensor:
     """Let every query attend to its own position in a 4D mask (bool: True = attend; float: 0 = attend).
 
@@ -136,48 +117,56 @@ def with_self_attention(mask: torch.Tensor) -> torch.Tensor:
     return mask | own if mask.dtype == torch.bool else mask.masked_fill(own, 0.0)
 
 
-def build_attention_masks(config, padding_mask, inputs_embeds, cache, layer_types):
-    """One mask per layer type, none of them with an empty row.
+def block_mask_with_self_attention(mask):
+    """The same for a flex-attention BlockMask: rebuild it from its mask function, or'ed with the diagonal."""
+    from torch.nn.attention.flex_attention import create_block_mask, or_masks
 
-    A padding query would otherwise see nothing (left padding, or right padding under a sliding window shorter than
-    the padding): a fully masked row, which fused SDPA kernels turn into NaN that 0 x NaN spreads to every token.
-    transformers' own builders make the mask; every query then also attends to itself. Flash kernels drop padding rows
-    themselves (varlen) and take the 2D mask; attention implementations without a mask builder get what the stock
-    model would give them.
+    queries, keys = mask.seq_lengths
+    inner = mask.mask_mod
+
+    def own_position(batch_idx, head_idx, q_idx, kv_idx):
+        return q_idx + (keys - queries) == kv_idx
+
+    return create_block_mask(
+        or_masks(inner, own_position), mask.shape[0], None, queries, keys, device=mask.kv_num_blocks.device
+    )
+
+
+def safe_attention_mask(mask):
+    """What an attention layer may receive: masks with an empty query row get the diagonal; 2-D padding masks
+    (recurrent and linear-attention layers, flash kernels) and None pass unchanged."""
+    if isinstance(mask, torch.Tensor):
+        return with_self_attention(mask) if mask.dim() == 4 else mask
+    if type(mask).__name__ == "BlockMask":
+        return block_mask_with_self_attention(mask)
+    return mask
+
+
+class LayerMaskGuard:
+    """Forward pre-hook on every decoder layer: the layer gets the mask the backbone chose for it (full, sliding,
+    chunked, recurrent, a kind this file has never heard of), with `safe_attention_mask` applied.
+
+    The backbone builds each mask once and hands the same object to many layers, so the safe version is cached by
+    identity for the duration of one forward (one copy, not one per layer, is kept for backward).
     """
-    implementation = config._attn_implementation
-    if (
-        implementation not in ALL_MASK_ATTENTION_FUNCTIONS
-        or ALL_MASK_ATTENTION_FUNCTIONS[implementation] is flash_attention_mask
-    ):
-        return padding_mask
-    masks = {}
-    for layer_type in layer_types:
-        builder = MASK_BUILDERS[layer_type]
-        mask = builder(**_mask_builder_kwargs(layer_type, config, inputs_embeds, cache, attention_mask=padding_mask))
-        if isinstance(mask, torch.Tensor) and mask.dim() == 4:
-            masks[layer_type] = with_self_attention(mask)
-        else:  # flex BlockMask, or a user's mask format: build it from a mask function instead
-            function = keep_real_keys_and_self(padding_mask)
-            kwargs = _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, None, and_mask_function=function)
-            masks[layer_type] = builder(**kwargs)
-    return masks
 
+    def __init__(self):
+        self.cache = []  # [(mask the backbone built, safe mask)], emptied by the Stable forward
 
-def _mask_builder_kwargs(layer_type, config, inputs_embeds, cache, attention_mask, **extra):
-    """Keyword arguments for transformers' mask builders, whose names changed between 4.57 and 5.x.
+    def __call__(self, layer, args, kwargs):
+        if "attention_mask" in kwargs:
+            kwargs["attention_mask"] = self.safe(kwargs["attention_mask"])
+        return args, kwargs
 
-    No position_ids: they would only switch on packed-sequence detection, which padding must not trigger.
-    """
-    params = MASK_BUILDER_PARAMS[layer_type]
-    kwargs = {"config": config, "attention_mask": attention_mask, **extra}
-    kwargs["inputs_embeds" if "inputs_embeds" in params else "input_embeds"] = inputs_embeds
-    kwargs["cache" if "cache" in params else "past_key_values"] = cache
-    if "cache_position" in params:
-        past_length = cache.get_seq_length() if cache is not None else 0
-        length = inputs_embeds.shape[1]
-        kwargs["cache_position"] = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
-    return kwargs
+    def safe(self, mask):
+        if mask is None or torch.compiler.is_compiling():
+            return safe_attention_mask(mask)
+        for built, safe in self.cache:
+            if built is mask:
+                return safe
+        safe = safe_attention_mask(mask)
+        self.cache.append((mask, safe))
+        return safe
 
 
 def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
@@ -367,6 +356,42 @@ LOW_PRECISION_ADVICE = (
 )
 
 
+# Where no wrapper can keep padding invariance: model_type -> (config flag that switches the coupling on, why).
+BATCH_COUPLED = {
+    "doge": (
+        "is_moe",
+        "its mixture-of-experts router splits router logits across all tokens of the batch (transformers' own "
+        "comment: 'this split mixes router logits across tokens'), so three identical unpadded rows in one batch "
+        "already get different logits",
+    ),
+}
+
+
+# Layer kinds that carry a state along the whole row (Mamba, gated-delta and lightning linear attention): position ids
+# cannot stop it at an example boundary, so packed examples would leak into each other.
+RECURRENT_LAYER_KINDS = ("linear_attention", "mamba", "mamba2", "recurrent", "conv")
+
+
+def recurrent_layer_kinds(config) -> list[str]:
+    """The recurrent kinds among the text model's layers (`layer_types`, or Jamba's `layers_block_type`)."""
+    text = config.get_text_config()
+    kinds = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None) or []
+    return sorted({kind for kind in kinds if kind in RECURRENT_LAYER_KINDS})
+
+
+def warn_if_batch_coupled(model) -> None:
+    """Say loudly where padding invariance (contract point 2) cannot hold, instead of claiming it."""
+    flag, why = BATCH_COUPLED.get(model.config.model_type, (None, None))
+    if flag and getattr(model.config, flag, False):
+        warnings.warn(
+            f"{type(model).__name__} with {flag}=True: the outputs of one row depend on the other rows of the batch, "
+            f"because {why}. Padding invariance is impossible here; for reproducible per-text logits run one text at "
+            "a time without padding (batch size 1), or use a config without it.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 class StableSequenceClassificationMixin:
     """Put before a stock `*ForSequenceClassification` class: same constructor, weights, attributes and outputs.
 
@@ -376,7 +401,6 @@ class StableSequenceClassificationMixin:
 
     _keep_in_fp32_modules_strict = ["score"]
     accepts_loss_kwargs = True  # Trainer passes num_items_in_batch, and the loss honours it
-    backbone_takes_mask_dict = True  # False for backbones that want one mask tensor, not one per layer type
 
     def __init__(self, config, *args, pooling: str | None = None, **kwargs):
         pooling = pooling or getattr(config, "classifier_pooling", None) or DEFAULT_POOLING
@@ -386,6 +410,17 @@ class StableSequenceClassificationMixin:
         super().__init__(config, *args, **kwargs)
         self.score.__class__ = Fp32Linear  # same parameters and state-dict keys; only forward and dtype change
         self.score.float()
+        text_config = config.get_text_config()
+        if text_config is not config:  # multimodal configs: the text part answers num_labels questions too
+            text_config.num_labels = config.num_labels
+            text_config.problem_type = config.problem_type
+        self._mask_guard = LayerMaskGuard()
+        layers = [m for m in self.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if not layers:
+            raise TypeError(f"{type(self).__name__}: found no decoder layers to guard the attention masks of.")
+        for layer in layers:
+            layer.register_forward_pre_hook(self._mask_guard, with_kwargs=True)
+        warn_if_batch_coupled(self)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -419,12 +454,6 @@ class StableSequenceClassificationMixin:
                     )
                 )
 
-    def _layer_types(self) -> list[str]:
-        """The attention kinds the backbone's layers use, i.e. which masks it needs."""
-        if getattr(self.config, "layer_types", None):
-            return sorted(set(self.config.layer_types))
-        return ["sliding_attention" if getattr(self.config, "sliding_window", None) else "full_attention"]
-
     @can_return_tuple
     def forward(
         self,
@@ -457,6 +486,12 @@ class StableSequenceClassificationMixin:
         example_ids = None
         if attention_mask is None and position_ids is not None and cache is None and not compiling:
             example_ids = packed_examples(position_ids)
+            if example_ids is not None and (kinds := recurrent_layer_kinds(self.config)):
+                raise ValueError(
+                    f"{type(self).__name__} has {'/'.join(kinds)} layers, whose state runs along the whole row: in a "
+                    "packed batch each example would see the ones before it. Pad instead of packing (a plain "
+                    "DataCollatorWithPadding); padding keeps every guarantee for this model."
+                )
         padding_mask = None if attention_mask is None else attention_mask != 0
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
@@ -465,22 +500,20 @@ class StableSequenceClassificationMixin:
             left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
             if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
                 position_ids = position_ids_from_mask(padding_mask, query_length)
-            if inputs_embeds is None:
-                inputs_embeds = self.get_input_embeddings()(input_ids)
-                input_ids = None
-            layer_types = self._layer_types()
-            backbone_mask = build_attention_masks(self.config, padding_mask, inputs_embeds, cache, layer_types)
-            if isinstance(backbone_mask, dict) and not self.backbone_takes_mask_dict:
-                (backbone_mask,) = backbone_mask.values()
+            backbone_mask = padding_mask.long()  # the backbone builds the masks each layer needs; the guard fixes them
 
-        outputs = getattr(self, self.base_model_prefix)(
-            input_ids=input_ids,
-            attention_mask=backbone_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            use_cache=bool(use_cache),
-            **kwargs,
-        )
+        self._mask_guard.cache.clear()
+        try:
+            outputs = getattr(self, self.base_model_prefix)(
+                input_ids=input_ids,
+                attention_mask=backbone_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                use_cache=bool(use_cache),
+                **kwargs,
+            )
+        finally:
+            self._mask_guard.cache.clear()
         query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
         if example_ids is not None:
             pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
@@ -505,3 +538,51 @@ class StableSequenceClassificationMixin:
             attentions=outputs.attentions,
             **{name: value for name, value in outputs.items() if name in ("cache", "past_key_values")},
         )
+
+
+STABLE_PREFIX = "Stable"
+_STABLE_CLASSES = {}  # stock class -> Stable class, built once
+
+
+def stable_class(stock_class):
+    """The Stable class for a stock `*ForSequenceClassification` class: the mixin put before it, nothing else.
+
+    The class lives in this module (`__module__`), so `save_pretrained` copies this one file and writes
+    `auto_map = modeling_stable.Stable<Name>`, which `__getattr__` below rebuilds wherever the folder is loaded.
+    """
+    if not (isinstance(stock_class, type) and issubclass(stock_class, GenericForSequenceClassification)):
+        raise TypeError(
+            f"{stock_class!r} is not a decoder classifier built on transformers' GenericForSequenceClassification "
+            "(last-token pooling over a decoder backbone); stable_models has no Stable class for it."
+        )
+    if stock_class not in _STABLE_CLASSES:
+        name = STABLE_PREFIX + stock_class.__name__
+        cls = type(
+            name,
+            (StableSequenceClassificationMixin, stock_class),
+            {
+                "__module__": __name__,
+                "__doc__": (
+                    f"`{stock_class.__name__}` with the stable_models contract (see StableSequenceClassificationMixin)."
+                ),
+            },
+        )
+        cls.__qualname__ = name
+        cls.register_for_auto_class("AutoModelForSequenceClassification")
+        _STABLE_CLASSES[stock_class] = cls
+    return _STABLE_CLASSES[stock_class]
+
+
+def __getattr__(name: str):
+    """`Stable<Name>ForSequenceClassification` for every transformers `<Name>ForSequenceClassification`, built on
+    first use (remote-code loading, pickling and `from stable_models import ...` all come through here)."""
+    if name.startswith(STABLE_PREFIX) and name.endswith("ForSequenceClassification"):
+        transformers = importlib.import_module("transformers")
+        try:
+            stock_class = getattr(transformers, name[len(STABLE_PREFIX) :])
+        except AttributeError:
+            pass
+        else:
+            if isinstance(stock_class, type) and issubclass(stock_class, GenericForSequenceClassification):
+                return stable_class(stock_class)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,12 +1,17 @@
 """The one table of architectures every test is parametrized over, plus tiny-model and batch helpers.
 
-Adding an architecture to the test matrix is one row in ARCHITECTURES.
+Adding an architecture to the tests is one row in TABLE (first_class=True also puts it in the full matrix).
 """
 
 from dataclasses import dataclass, field
 
 import torch
 import transformers
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
 
 import stable_models
 
@@ -17,27 +22,29 @@ SLIDING_WINDOW = 3  # shorter than the padding in every test batch, so the slidi
 
 @dataclass(frozen=True)
 class Arch:
-    name: str  # the model_type
-    prefix: str  # transformers class-name prefix: {prefix}Config, {prefix}ForSequenceClassification, ...
-    config_kwargs: dict = field(default_factory=dict)
-    config_name: str = ""  # when not {prefix}Config
-    causal_lm_name: str = ""  # when not {prefix}ForCausalLM
-
-    @property
-    def config_class(self):
-        return getattr(transformers, self.config_name or f"{self.prefix}Config")
+    name: str  # the model_type; the stock and Stable classes come from transformers' own mapping
+    config_kwargs: dict = field(default_factory=dict)  # for the text model (on top of TINY)
+    multimodal: dict | None = None  # top-level kwargs of a multimodal config; config_kwargs then go to text_config
+    first_class: bool = False  # also in the full dtype x pooling x padding x feature matrix
 
     @property
     def stock_class(self):
-        return getattr(transformers, f"{self.prefix}ForSequenceClassification")
+        return getattr(transformers, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[self.name])
+
+    @property
+    def config_class(self):
+        return self.stock_class.config_class
 
     @property
     def stable_class(self):
-        return getattr(stable_models, f"Stable{self.prefix}ForSequenceClassification")
+        return stable_models.stable_class_for(self.name)
 
     @property
     def causal_lm_class(self):
-        return getattr(transformers, self.causal_lm_name or f"{self.prefix}ForCausalLM")
+        """The generative model whose checkpoint a user turns into a classifier (for multimodal configs: the
+        image-text-to-text model)."""
+        names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if self.multimodal else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        return getattr(transformers, names[self.name])
 
     @property
     def has_sliding_window(self) -> bool:
@@ -45,7 +52,9 @@ class Arch:
 
     @property
     def mixes_layer_types(self) -> bool:
-        return len(set(getattr(make_config(self), "layer_types", None) or [])) > 1
+        """More than one kind of attention mask (full and sliding window); recurrent layers take no such mask."""
+        kinds = getattr(make_config(self).get_text_config(), "layer_types", None) or []
+        return len(set(kinds) - RECURRENT_KINDS) > 1
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -56,51 +65,200 @@ class Arch:
         return self.name
 
 
-ARCHITECTURES = [
-    Arch("gemma", "Gemma", dict(head_dim=16)),
-    Arch("gemma2", "Gemma2", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=SLIDING_WINDOW)),
-    Arch(
-        "gemma3_text",
-        "Gemma3Text",
-        dict(
-            head_dim=16,
-            query_pre_attn_scalar=16,
-            sliding_window=SLIDING_WINDOW,
-            layer_types=["sliding_attention", "full_attention"],
-        ),
-        causal_lm_name="Gemma3ForCausalLM",
-    ),
-    Arch("llama", "Llama"),
-    Arch("mistral", "Mistral", dict(sliding_window=SLIDING_WINDOW)),
-    Arch("qwen2", "Qwen2", dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1)),
-    Arch("qwen3", "Qwen3", dict(use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1)),
-]
+W = SLIDING_WINDOW
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+# multi-head latent attention (MLA) needs as many key/value heads as query heads
+MLA = dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+ROUTED = dict(
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+)
+GATED_DELTA = dict(
+    head_dim=8,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    layer_types=["linear_attention", "full_attention"],
+)
+QWEN_WINDOW = dict(use_sliding_window=True, sliding_window=W, max_window_layers=1)
+GEMMA = dict(
+    head_dim=16, query_pre_attn_scalar=16, sliding_window=W, layer_types=["sliding_attention", "full_attention"]
+)
 
+# Every model type whose stock classifier is built on GenericForSequenceClassification (transformers 5.24: 49).
+# Tiny configs: hidden 32, 2 layers, every sliding window shorter than the padding of the test batches.
+TABLE = [
+    Arch("arcee"),
+    Arch("axk1", {**MLA, **ROUTED}),
+    Arch("axk2", {**MLA, **ROUTED}),
+    Arch(
+        "cohere_compass_text",
+        dict(
+            sliding_window=W,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"full_attention": ROPE, "sliding_attention": ROPE},
+        ),
+    ),
+    Arch("deepseek_v2", {**MLA, **ROUTED}),
+    Arch("deepseek_v3", {**MLA, **ROUTED}),
+    Arch("diffllama"),
+    Arch("doge", dict(sliding_window=W)),  # dense; the MoE variant couples the rows of a batch (test_architectures)
+    Arch("exaone4", dict(sliding_window=W, layer_types=["sliding_attention", "full_attention"])),
+    Arch("gemma", dict(head_dim=16), first_class=True),
+    Arch("gemma2", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=W), first_class=True),
+    Arch(
+        "gemma3",
+        GEMMA,
+        first_class=True,
+        multimodal=dict(
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+            mm_tokens_per_image=1,
+        ),
+    ),
+    Arch("gemma3_text", GEMMA, first_class=True),
+    Arch("glm"),
+    Arch("glm4"),
+    Arch("gpt_oss", dict(sliding_window=W, num_local_experts=4, num_experts_per_tok=2, head_dim=8)),
+    Arch("gptj", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64)),
+    Arch("helium", dict(head_dim=8)),
+    Arch("hunyuan_v1_dense", dict(rope_parameters=ROPE, head_dim=8)),
+    Arch("hunyuan_v1_moe", dict(rope_parameters=ROPE, head_dim=8, num_experts=4, moe_topk=2)),
+    Arch(
+        "jamba",
+        dict(
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=4,
+            use_mamba_kernels=False,
+            mamba_d_state=4,
+        ),
+    ),
+    Arch("jetmoe", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Arch("llama", first_class=True),
+    Arch("minicpm3", MLA),
+    Arch(
+        "minimax",
+        dict(
+            sliding_window=W,
+            layer_types=["linear_attention", "full_attention"],
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            head_dim=8,
+        ),
+    ),
+    Arch("ministral", dict(rope_parameters=ROPE, sliding_window=W, head_dim=8)),
+    Arch("ministral3", dict(sliding_window=W)),
+    Arch("mistral", dict(sliding_window=W), first_class=True),
+    Arch("mistral4", {**MLA, **ROUTED, "head_dim": 16}),
+    Arch("mixtral", dict(sliding_window=W, num_local_experts=4, num_experts_per_tok=2), first_class=True),
+    Arch("nemotron"),
+    Arch("olmo"),
+    Arch("olmo2"),
+    Arch("olmo3", dict(sliding_window=W)),
+    Arch("persimmon"),
+    Arch("phi"),
+    Arch("phi3", dict(sliding_window=W), first_class=True),
+    Arch("phimoe", dict(sliding_window=W, num_local_experts=4, num_experts_per_tok=2)),
+    Arch("qwen2", QWEN_WINDOW, first_class=True),
+    Arch(
+        "qwen2_moe",
+        dict(
+            QWEN_WINDOW,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+        ),
+    ),
+    Arch("qwen3", QWEN_WINDOW, first_class=True),
+    Arch(
+        "qwen3_5",
+        GATED_DELTA,
+        first_class=True,
+        multimodal=dict(
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                out_hidden_size=32,
+                deepstack_visual_indexes=[],
+            ),
+        ),
+    ),
+    Arch("qwen3_5_text", GATED_DELTA),
+    Arch(
+        "qwen3_moe",
+        dict(use_sliding_window=True, sliding_window=W, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
+        first_class=True,
+    ),
+    Arch(
+        "qwen3_next",
+        dict(
+            GATED_DELTA,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+        ),
+    ),
+    Arch("seed_oss"),
+    Arch("smollm3", dict(use_sliding_window=True, sliding_window=W)),
+    Arch("stablelm"),
+    Arch("starcoder2", dict(sliding_window=W)),
+]
+TABLE_BY_NAME = {arch.name: arch for arch in TABLE}
+# the installed transformers decides which rows exist (the 4.57 floor has fewer)
+ARCHITECTURES = [arch for arch in TABLE if arch.name in stable_models.supported_model_types()]
+FIRST_CLASS = [arch for arch in ARCHITECTURES if arch.first_class]
 BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
-ARCH_ATTN = [(arch, attn) for arch in ARCHITECTURES for attn in arch.attn_implementations]
+ARCH_ATTN = [(arch, attn) for arch in FIRST_CLASS for attn in arch.attn_implementations]
 ARCH_ATTN_IDS = [f"{arch}-{attn}" for arch, attn in ARCH_ATTN]
+ALL_ARCH_ATTN = [(arch, attn) for arch in ARCHITECTURES for attn in arch.attn_implementations]
+ALL_ARCH_ATTN_IDS = [f"{arch}-{attn}" for arch, attn in ALL_ARCH_ATTN]
+
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    pad_token_id=PAD,
+    eos_token_id=EOS,
+    bos_token_id=BOS,
+)
 
 
 def make_config(arch: Arch, attn: str = "eager", **overrides):
-    kwargs = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        num_labels=3,
-        attn_implementation=attn,
-        **arch.config_kwargs,
-    )
-    kwargs.update(overrides)
+    """A tiny config of the architecture; `overrides` change the text model (num_labels: the classifier)."""
+    num_labels = overrides.pop("num_labels", 3)
+    kwargs = {**TINY, **arch.config_kwargs, **overrides}
     if "layer_types" in kwargs:  # repeat the pattern when a test asks for more layers
         pattern = kwargs["layer_types"]
         kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(kwargs["num_hidden_layers"])]
-    return arch.config_class(**kwargs)
+    if arch.multimodal is None:
+        config = arch.config_class(**kwargs, num_labels=num_labels)
+    else:
+        config = arch.config_class(**arch.multimodal, text_config=kwargs, num_labels=num_labels)
+    for part in {id(c): c for c in (config, config.get_text_config())}.values():
+        part._attn_implementation = attn
+    return config
 
 
 def make_models(arch: Arch, attn: str = "eager", dtype=torch.float32, pooling="last", seed=0, **overrides):
@@ -155,3 +313,30 @@ def cpu_training_args(output_dir, **overrides):
     """TrainingArguments for a short, seeded CPU run that logs every step and saves only when asked."""
     quiet = {"logging_steps": 1, "report_to": [], "use_cpu": True, "seed": 0, "save_strategy": "no"}
     return transformers.TrainingArguments(str(output_dir), **{**quiet, "remove_unused_columns": False, **overrides})
+
+
+RECURRENT_KINDS = {"linear_attention", "mamba"}  # layers that take the 2-D padding mask and no attention kernel
+
+
+def attention_layer_count(config) -> int:
+    """How many layers call an attention kernel (hybrid models also have recurrent / linear-attention layers)."""
+    text = config.get_text_config()
+    kinds = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None)
+    if not kinds:
+        return text.num_hidden_layers
+    return sum(kind not in RECURRENT_KINDS for kind in kinds)
+
+
+# attention projections: q/v, Phi-3's fused qkv, Qwen3.5's linear-attention qkv (peft needs one to match)
+LORA_TARGETS = ["q_proj", "v_proj", "qkv_proj", "in_proj_qkv"]
+VISION_PARTS = ("vision_tower", "visual", "multi_modal_projector")  # unused by text-only input: no gradient
+
+
+def is_vision_part(parameter_name: str) -> bool:
+    return any(part in parameter_name.split(".") for part in VISION_PARTS)
+
+
+def has_recurrent_layers(arch: Arch) -> bool:
+    text = make_config(arch).get_text_config()
+    kinds = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None) or []
+    return any(kind in RECURRENT_KINDS for kind in kinds)

@@ -7,8 +7,9 @@ import torch
 from architectures import (
     ARCH_ATTN,
     ARCH_ATTN_IDS,
-    ARCHITECTURES,
+    FIRST_CLASS,
     VOCAB,
+    attention_layer_count,
     make_config,
     make_models,
     pad_batch,
@@ -26,7 +27,7 @@ def test_unpadded_logits_equal_the_stock_class(arch, attn):
         assert (stable(ids, attention_mask=ones).logits - stock(ids, attention_mask=ones).logits).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_same_constructor_attributes_and_state_dict(arch):
     stable = arch.stable_class(make_config(arch))
     stock = arch.stock_class(make_config(arch))
@@ -38,19 +39,19 @@ def test_same_constructor_attributes_and_state_dict(arch):
     assert stable.config.model_type == arch.name
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_from_pretrained_of_a_causal_lm_checkpoint(arch, tmp_path):
     torch.manual_seed(0)
     causal = arch.causal_lm_class(make_config(arch))
     causal.save_pretrained(tmp_path)
     stable = arch.stable_class.from_pretrained(tmp_path, num_labels=4, dtype=torch.bfloat16)
-    assert stable.score.weight.shape == (4, stable.config.hidden_size)
+    assert stable.score.weight.shape == (4, stable.config.get_text_config().hidden_size)
     assert stable.score.weight.dtype == torch.float32
     assert stable.score.weight.std() > 0  # newly initialised, not zeros
-    assert torch.equal(stable.model.embed_tokens.weight, causal.model.embed_tokens.weight.to(torch.bfloat16))
+    assert torch.equal(stable.get_input_embeddings().weight, causal.get_input_embeddings().weight.to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_pooling_is_a_from_pretrained_argument_saved_in_config(arch, tmp_path):
     stable, _ = make_models(arch)
     stable.save_pretrained(tmp_path / "last")
@@ -61,7 +62,7 @@ def test_pooling_is_a_from_pretrained_argument_saved_in_config(arch, tmp_path):
     assert arch.stable_class.from_pretrained(tmp_path / "mean").config.classifier_pooling == "mean"
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_tuple_outputs_hidden_states_and_attentions(arch):
     stable, stock = make_models(arch)
     ids, mask = pad_batch(random_sequences([6, 3]), "right")
@@ -71,12 +72,12 @@ def test_tuple_outputs_hidden_states_and_attentions(arch):
         assert logits.shape == (2, 3) and loss.ndim == 0
         out = stable(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
         ref = stock(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-    assert len(out.hidden_states) == len(ref.hidden_states) == stable.config.num_hidden_layers + 1
-    assert len(out.attentions) == len(ref.attentions) == stable.config.num_hidden_layers
+    assert len(out.hidden_states) == len(ref.hidden_states) == stable.config.get_text_config().num_hidden_layers + 1
+    assert len(out.attentions) == len(ref.attentions) == attention_layer_count(stable.config)
     assert out.attentions[0].shape == ref.attentions[0].shape
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_gradient_checkpointing_gives_the_same_gradients(arch):
     ids, mask = pad_batch(random_sequences([6, 3]), "left")
     grads = []
@@ -91,7 +92,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(arch):
     assert (grads[0] - grads[1]).abs().max() <= 1e-6
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_resize_token_embeddings(arch):
     stable, _ = make_models(arch)
     stable.resize_token_embeddings(VOCAB + 8)
@@ -100,17 +101,17 @@ def test_resize_token_embeddings(arch):
         assert torch.isfinite(stable(ids, attention_mask=mask).logits).all()
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_ignore_mismatched_sizes(arch, tmp_path):
     stable, _ = make_models(arch)
     stable.save_pretrained(tmp_path)
     reloaded = arch.stable_class.from_pretrained(tmp_path, num_labels=5, ignore_mismatched_sizes=True)
-    assert reloaded.score.weight.shape == (5, stable.config.hidden_size)
+    assert reloaded.score.weight.shape == (5, stable.config.get_text_config().hidden_size)
     assert reloaded.score.weight.dtype == torch.float32
-    assert torch.equal(reloaded.model.embed_tokens.weight, stable.model.embed_tokens.weight)
+    assert torch.equal(reloaded.get_input_embeddings().weight, stable.get_input_embeddings().weight)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_stable_checkpoint_reloads_identically(arch, tmp_path):
     stable, _ = make_models(arch, pooling="mean")
     stable.save_pretrained(tmp_path)
@@ -120,16 +121,27 @@ def test_stable_checkpoint_reloads_identically(arch, tmp_path):
         assert torch.equal(stable(ids, attention_mask=mask).logits, reloaded(ids, attention_mask=mask).logits)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_peft_lora_seq_cls_defaults(arch):
+    """peft keys its default LoRA targets on model_type: the Stable class gets exactly what the stock class gets,
+    including peft's refusal where it has no defaults for the architecture (then both need target_modules)."""
     from peft import LoraConfig, get_peft_model
 
     stable, stock = make_models(arch)
     wrapped = {}
     for name, model in (("stable", stable), ("stock", stock)):
-        peft_model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=4))
-        wrapped[name] = sorted(n for n, p in peft_model.named_parameters() if p.requires_grad)
+        try:
+            peft_model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=4))
+        except ValueError as error:  # peft has no default target modules for this model type
+            wrapped[name] = type(error)
+        else:
+            wrapped[name] = sorted(n for n, p in peft_model.named_parameters() if p.requires_grad)
     assert wrapped["stable"] == wrapped["stock"]
+    if isinstance(wrapped["stable"], type):
+        peft_model = get_peft_model(
+            make_models(arch)[0], LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["o_proj"])
+        )
+        wrapped["stable"] = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     assert any("score.modules_to_save" in n for n in wrapped["stable"])
     assert any("lora_A" in n for n in wrapped["stable"])
 

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, BY_NAME, VOCAB, make_models, pad_batch, random_sequences
+from architectures import BY_NAME, FIRST_CLASS, VOCAB, make_models, pad_batch, random_sequences
 
 
-@pytest.fixture(params=ARCHITECTURES, ids=str)
+@pytest.fixture(params=FIRST_CLASS, ids=str)
 def models(request):
     return make_models(request.param)
 

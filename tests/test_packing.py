@@ -5,8 +5,10 @@ import torch
 from architectures import (
     ARCH_ATTN,
     ARCH_ATTN_IDS,
-    ARCHITECTURES,
     BY_NAME,
+    FIRST_CLASS,
+    attention_layer_count,
+    has_recurrent_layers,
     cpu_training_args,
     logits_alone,
     make_models,
@@ -32,11 +34,19 @@ def packed(sequences, labels=None):
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 @pytest.mark.parametrize(("arch", "attn"), ARCH_ATTN, ids=ARCH_ATTN_IDS)
 def test_packed_logits_and_loss(arch, attn, pooling):
-    stable, _ = make_models(arch, attn, pooling=pooling)
+    stable, stock = make_models(arch, attn, pooling=pooling)
     sequences = random_sequences(LENGTHS)
     labels = torch.tensor([0, 1, 2, 1, 0])
     batch = packed(sequences, labels)
     assert batch["input_ids"].shape == (1, sum(LENGTHS)) and "attention_mask" not in batch
+    if has_recurrent_layers(arch):  # the recurrent state crosses example boundaries: refuse, do not mislead
+        with torch.no_grad():
+            hidden = stock.model(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state[0]
+            alone = stock.model(sequences[1][None]).last_hidden_state[0, -1]
+        assert (hidden[LENGTHS[0] + LENGTHS[1] - 1] - alone).abs().max() > 1e-3  # the stock backbone leaks
+        with pytest.raises(ValueError, match="state runs along the whole row.*Pad instead of packing"):
+            stable(**batch)
+        return
     with torch.no_grad():
         out = stable(**batch)
         ids, mask = pad_batch(sequences, "left")
@@ -46,7 +56,7 @@ def test_packed_logits_and_loss(arch, attn, pooling):
     assert abs(out.loss - padded_loss) <= 1e-5
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", [a for a in FIRST_CLASS if not has_recurrent_layers(a)], ids=str)  # others refuse
 def test_packed_masks_are_block_diagonal_without_empty_rows(arch):
     stable, _ = make_models(arch)
     sequences = random_sequences(LENGTHS)
@@ -58,7 +68,7 @@ def test_packed_masks_are_block_diagonal_without_empty_rows(arch):
     masks = list(RECORDED)
     example = torch.repeat_interleave(torch.arange(len(LENGTHS)), torch.tensor(LENGTHS))
     same_example = example[:, None] == example[None, :]
-    assert len(masks) == stable.config.num_hidden_layers
+    assert len(masks) == attention_layer_count(stable.config)
     for layer_mask in masks:
         assert layer_mask is not None and layer_mask.any(-1).all()
         assert not (layer_mask[0, 0] & ~same_example).any(), "attention crosses examples"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from architectures import ARCHITECTURES, make_models, pad_batch, random_sequences
+from architectures import FIRST_CLASS, LORA_TARGETS, attention_layer_count, make_models, pad_batch, random_sequences
 
 
 def set_margin(model, ids, mask, margin):
@@ -20,13 +20,13 @@ def set_margin(model, ids, mask, margin):
         model.score.weight.copy_(weight)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_score_stays_fp32_when_loaded_in_bf16(arch, tmp_path):
     stable, _ = make_models(arch)
     stable.save_pretrained(tmp_path)
     loaded = arch.stable_class.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert loaded.score.weight.dtype == torch.float32
-    assert loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert loaded.get_input_embeddings().weight.dtype == torch.bfloat16
     stock = arch.stock_class.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert stock.score.weight.dtype == torch.bfloat16
     loaded.to(torch.bfloat16)
@@ -37,7 +37,7 @@ def test_score_stays_fp32_when_loaded_in_bf16(arch, tmp_path):
 
 
 @pytest.mark.parametrize("margin", [4.0, 10.0])
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_confident_bf16_loss_is_exact(arch, margin):
     """The stock bf16 loss is 0.0 at margin 10 (true 9.1e-5) and 6 % off at margin 4."""
     stable, stock = make_models(arch, dtype=torch.bfloat16)
@@ -75,7 +75,7 @@ def test_confident_bf16_loss_is_exact(arch, margin):
     ],
     ids=["single", "multi", "regression"],
 )
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_loss_is_fp32_for_every_problem_type(arch, num_labels, labels, problem_type, reference):
     stable, _ = make_models(arch, dtype=torch.bfloat16, num_labels=num_labels)
     ids, mask = pad_batch(random_sequences([6, 3]), "right")
@@ -87,7 +87,7 @@ def test_loss_is_fp32_for_every_problem_type(arch, num_labels, labels, problem_t
     assert abs(out.loss.item() - expected.item()) <= 1e-6 * max(1.0, expected.item())
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_only_pooled_positions_are_scored(arch):
     stable, _ = make_models(arch)
     shapes = []
@@ -95,15 +95,15 @@ def test_only_pooled_positions_are_scored(arch):
     ids, mask = pad_batch(random_sequences([9, 4]), "left")
     with torch.no_grad():
         stable(ids, attention_mask=mask)
-    assert shapes == [(2, stable.config.hidden_size)]
+    assert shapes == [(2, stable.config.get_text_config().hidden_size)]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_head_trains_in_fp32_under_peft_lora(arch):
     from peft import LoraConfig, get_peft_model
 
     stable, _ = make_models(arch, dtype=torch.bfloat16)
-    peft_model = get_peft_model(stable, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"]))
+    peft_model = get_peft_model(stable, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=LORA_TARGETS))
     trainable = {name: p for name, p in peft_model.named_parameters() if p.requires_grad}
     head = [name for name in trainable if "score" in name]
     assert head, "peft SEQ_CLS must put score in modules_to_save"
@@ -115,7 +115,7 @@ def test_head_trains_in_fp32_under_peft_lora(arch):
     assert all(torch.isfinite(trainable[name].grad).all() for name in head)
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     """Trainer(bf16=True) runs the forward under autocast, which would run the head's matmul in bf16."""
     stable, stock = make_models(arch)
@@ -123,23 +123,31 @@ def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     labels = torch.tensor([0, 1])
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         out = stable(ids, attention_mask=mask, labels=labels)
-        assert stock(ids, attention_mask=mask).logits.dtype == torch.bfloat16
+        stock_bf16 = stock(ids, attention_mask=mask).logits
+        assert stock_bf16.dtype == torch.bfloat16
     assert out.logits.dtype == out.loss.dtype == torch.float32
     with torch.no_grad():
         exact = stable(ids, attention_mask=mask).logits
+        stock_error = (stock_bf16.float() - stock(ids, attention_mask=mask).logits).abs().max()
     # the backbone ran in bf16, the head in fp32: the head adds no rounding of its own
     pooled = []
     stable.score.register_forward_hook(lambda m, args, o: pooled.append(args[0]))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         stable(ids, attention_mask=mask)
     assert torch.equal(out.logits, pooled[0].float() @ stable.score.weight.T)
-    assert (out.logits - exact).abs().max() < 0.1
+    # the same bf16 backbone as the stock class: its error is of the size of the stock class's own bf16 error
+    assert (out.logits - exact).abs().max() <= 3 * stock_error
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_fp64_model_keeps_an_fp64_head(arch):
-    """Padding invariance of real checkpoints is checked in fp64, where only exact handling of padding passes."""
-    stable, _ = make_models(arch, dtype=torch.float64)
+    """Padding invariance of real checkpoints is checked in fp64, where only exact handling of padding passes.
+
+    Some of transformers' kernels compute in fp32 whatever the model's dtype: the eager attention's softmax, and the
+    gated-delta (linear attention) layers of Qwen3.5. fp64 is exact with sdpa and no such layers; the others (Gemma2,
+    which refuses sdpa, and Qwen3.5) get the fp32 bound."""
+    attn = arch.attn_implementations[-1]
+    stable, _ = make_models(arch, attn, dtype=torch.float64)
     assert stable.score.weight.dtype == torch.float64
     sequences = random_sequences([9, 4, 6])
     ids, mask = pad_batch(sequences, "left")
@@ -147,4 +155,5 @@ def test_fp64_model_keeps_an_fp64_head(arch):
         out = stable(ids, attention_mask=mask, labels=torch.tensor([0, 1, 2]))
         alone = torch.cat([stable(s[None]).logits for s in sequences])
     assert out.logits.dtype == out.loss.dtype == torch.float64
-    assert (out.logits - alone).abs().max() <= 1e-12
+    exact = attn == "sdpa" and attention_layer_count(stable.config) == stable.config.get_text_config().num_hidden_layers
+    assert (out.logits - alone).abs().max() <= (1e-12 if exact else 1e-5)
