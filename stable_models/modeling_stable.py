@@ -7,6 +7,7 @@ in `from_pretrained` and adds a model card in `save_pretrained`; weights, attrib
 """
 
 import importlib
+import inspect
 import json
 import os
 import struct
@@ -52,19 +53,44 @@ def _rows(flags: torch.Tensor) -> list[int]:
     return flags.nonzero().flatten().tolist()[:10]
 
 
-def check_inputs(model, input_ids, attention_mask, inputs_embeds, labels) -> None:
+def check_inputs(model, input_ids, attention_mask, inputs_embeds, labels, past_length=0) -> None:
     """Turn inputs that would silently give NaN, garbage or a device-side assert into a clear ValueError."""
     tokens = input_ids if input_ids is not None else inputs_embeds
+    name, wanted = ("input_ids", 2) if input_ids is not None else ("inputs_embeds", 3)
+    if tokens.dim() != wanted:
+        raise ValueError(
+            f"{name} has shape {tuple(tokens.shape)}: pass a {wanted}-D (batch, sequence{', hidden' * (wanted == 3)}) "
+            f"tensor; for one text use {name}[None] or tokenizer(text, return_tensors='pt')."
+        )
+    if labels is not None and not torch.is_tensor(labels):
+        raise ValueError(
+            f"labels is a {type(labels).__name__}: pass a tensor, e.g. torch.tensor(labels) (class ids as integers, "
+            "multi-label targets or regression values as floats)."
+        )
     if attention_mask is not None:
-        if (
-            attention_mask.dim() != 2
-            or attention_mask.shape[0] != tokens.shape[0]
-            or attention_mask.shape[1] < tokens.shape[1]
-        ):
+        if not torch.is_tensor(attention_mask):
+            raise ValueError(
+                f"attention_mask is a {type(attention_mask).__name__}: pass a tensor (return_tensors='pt')."
+            )
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != tokens.shape[0]:
             raise ValueError(
                 f"attention_mask has shape {tuple(attention_mask.shape)} but the inputs have shape "
                 f"{tuple(tokens.shape[:2])}: pass a 2D mask (batch, sequence) built by the same tokenizer call as the "
                 "input_ids (tokenizer(..., padding=True, return_tensors='pt'))."
+            )
+        if attention_mask.shape[1] != past_length + tokens.shape[1]:
+            cached = f"{past_length} cached + " if past_length else ""
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[1]} positions but the inputs have {tokens.shape[1]} "
+                f"({cached or 'and there is no cache, so '}the mask must cover exactly "
+                f"{past_length + tokens.shape[1]}): build the mask in the same tokenizer call as the input_ids, or "
+                "cut it to their length."
+            )
+        if attention_mask.dtype != torch.bool and ((attention_mask != 0) & (attention_mask != 1)).any():
+            raise ValueError(
+                f"attention_mask holds values other than 0 and 1 (from {attention_mask.min().item():g} to "
+                f"{attention_mask.max().item():g}): this looks like an additive mask (0 = attend, large negative = "
+                "padding). Pass the tokenizer's mask instead: 1 for tokens, 0 for padding."
             )
         empty = ~(attention_mask[:, -tokens.shape[1] :] != 0).any(-1)
         if empty.any():
@@ -88,7 +114,12 @@ def check_inputs(model, input_ids, attention_mask, inputs_embeds, labels) -> Non
                 f"rows {_rows(bad)} of inputs_embeds contain NaN or inf. Check whatever produced the embeddings "
                 "(a NaN upstream, or fp16 overflow: use bf16 or fp32)."
             )
-    if labels is not None and not labels.is_floating_point() and model.config.num_labels > 1:
+    if (
+        labels is not None
+        and not labels.is_floating_point()
+        and labels.dtype != torch.bool
+        and model.config.num_labels > 1
+    ):
         bad = ((labels < 0) | (labels >= model.config.num_labels)) & (labels != -100)
         if bad.any():
             raise ValueError(
@@ -98,26 +129,61 @@ def check_inputs(model, input_ids, attention_mask, inputs_embeds, labels) -> Non
             )
 
 
+LIBRARY_PATHS = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(module.__file__))) + os.sep
+    for module in (torch, importlib.import_module("transformers"))
+) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` that makes a warning point at the first frame outside torch, transformers, peft, accelerate
+    and this file: the user's line, not transformers' output wrapper."""
+    frame, level = inspect.currentframe().f_back, 1
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(LIBRARY_PATHS) and not path.startswith("<"):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
+def warn_if_padded_without_mask(model, input_ids) -> None:
+    """Padded input_ids without attention_mask: Stable treats every position as content (contract point 1), while the
+    stock class found the pads by id. Keep the contract, but say so once per model."""
+    pad = model.config.get_text_config().pad_token_id
+    if pad is None or input_ids.shape[0] < 2 or getattr(model, "_warned_unmasked_padding", False):
+        return
+    ends, starts = input_ids[:, -1] == pad, input_ids[:, 0] == pad
+    if ends.any() or (starts.any() and not starts.all()):
+        model._warned_unmasked_padding = True
+        warnings.warn(
+            f"rows {_rows(ends | starts)} of input_ids start or end in pad_token_id ({pad}) but no attention_mask was "
+            "given: every position counts as content (padding included) in pooling and attention. If the batch is "
+            "padded, pass attention_mask (tokenizer(..., padding=True, return_tensors='pt') returns it).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
 def position_ids_from_mask(padding_mask: torch.Tensor, query_length: int) -> torch.Tensor:
     """Real tokens get positions 0, 1, 2, ... whatever padding precedes them, so left padding changes nothing."""
     positions = padding_mask.long().cumsum(-1) - 1
     return positions.clamp(min=0)[:, -query_length:]
 
 
-def with_self_attention(mask: torch.Tensor) -> torch.Tensor:
+def with_self_attention(mask: torch.Tensor, past_length: int = 0) -> torch.Tensor:
     """Let every query attend to its own position in a 4D mask (bool: True = attend; float: 0 = attend).
 
-    Real queries already do (causal masks keep the diagonal), so only padding queries change: a padding key is never
-    a real query's own position, so real tokens still never see padding.
+    Query i sits at key position `past_length + i` (keys may run past the last query: transformers 4.57 pads some
+    masks by a column). Real queries already attend to themselves (causal masks keep the diagonal), so only padding
+    queries change: a padding key is never a real query's own position, so real tokens still never see padding.
     """
     queries, keys = mask.shape[-2:]
-    own = torch.arange(queries, device=mask.device)[:, None] + (keys - queries) == torch.arange(
-        keys, device=mask.device
-    )
+    own = torch.arange(queries, device=mask.device)[:, None] + past_length == torch.arange(keys, device=mask.device)
     return mask | own if mask.dtype == torch.bool else mask.masked_fill(own, 0.0)
 
 
-def block_mask_with_self_attention(mask):
+def block_mask_with_self_attention(mask, past_length: int = 0):
     """The same for a flex-attention BlockMask: rebuild it from its mask function, or'ed with the diagonal."""
     from torch.nn.attention.flex_attention import create_block_mask, or_masks
 
@@ -125,20 +191,20 @@ def block_mask_with_self_attention(mask):
     inner = mask.mask_mod
 
     def own_position(batch_idx, head_idx, q_idx, kv_idx):
-        return q_idx + (keys - queries) == kv_idx
+        return q_idx + past_length == kv_idx
 
     return create_block_mask(
         or_masks(inner, own_position), mask.shape[0], None, queries, keys, device=mask.kv_num_blocks.device
     )
 
 
-def safe_attention_mask(mask):
+def safe_attention_mask(mask, past_length: int = 0):
     """What an attention layer may receive: masks with an empty query row get the diagonal; 2-D padding masks
     (recurrent and linear-attention layers, flash kernels) and None pass unchanged."""
     if isinstance(mask, torch.Tensor):
-        return with_self_attention(mask) if mask.dim() == 4 else mask
+        return with_self_attention(mask, past_length) if mask.dim() == 4 else mask
     if type(mask).__name__ == "BlockMask":
-        return block_mask_with_self_attention(mask)
+        return block_mask_with_self_attention(mask, past_length)
     return mask
 
 
@@ -152,6 +218,7 @@ class LayerMaskGuard:
 
     def __init__(self):
         self.cache = []  # [(mask the backbone built, safe mask)], emptied by the Stable forward
+        self.past_length = 0  # tokens already in the KV cache, set by the Stable forward
 
     def __call__(self, layer, args, kwargs):
         if "attention_mask" in kwargs:
@@ -160,12 +227,12 @@ class LayerMaskGuard:
 
     def safe(self, mask):
         if mask is None or torch.compiler.is_compiling():
-            return safe_attention_mask(mask)
+            return safe_attention_mask(mask, self.past_length)
         for built, safe in self.cache:
             if built is mask:
                 return safe
-        safe = safe_attention_mask(mask)
-        self.cache.append((mask, safe))
+        safe = safe_attention_mask(mask, self.past_length)
+        self.cache = [*self.cache[-7:], (mask, safe)]  # bounded: the backbone may also be called on its own
         return safe
 
 
@@ -219,28 +286,47 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
     """
     logits = logits.to(at_least_fp32(logits.dtype))
     labels = labels.to(logits.device)
-    if config.problem_type is None:
-        if config.num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
+    problem_type = config.problem_type or infer_problem_type(labels, config.num_labels, logits.shape[0])
+    if problem_type == "multi_label_classification" and labels.shape != logits.shape:
+        raise ValueError(
+            f"multi_label_classification needs labels of shape {tuple(logits.shape)} (one 0/1 target per class), "
+            f"got {tuple(labels.shape)}. For one class id per row pass integer labels and set "
+            "config.problem_type='single_label_classification'."
+        )
     reduction = "mean" if num_items_in_batch is None else "sum"
-    if config.problem_type == "regression":
+    if problem_type == "regression":
         if config.num_labels == 1:
             loss = F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype), reduction=reduction)
         else:
             loss = F.mse_loss(logits, labels.to(logits.dtype), reduction=reduction)
-    elif config.problem_type == "single_label_classification":
-        loss = F.cross_entropy(logits.view(-1, config.num_labels), labels.view(-1), reduction=reduction)
+    elif problem_type == "single_label_classification":
+        loss = F.cross_entropy(logits.view(-1, config.num_labels), labels.view(-1).long(), reduction=reduction)
     else:
         loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction=reduction)
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
+    config.problem_type = problem_type  # as the stock class does, but only once the labels fit it
     return loss
+
+
+def infer_problem_type(labels, num_labels: int, batch: int) -> str:
+    """The stock class's rule, with integer labels of any width as class ids and a clear error where float labels
+    of shape (batch,) leave it ambiguous (class ids stored as floats, or a regression on several outputs)."""
+    if num_labels == 1:
+        return "regression"
+    if not labels.is_floating_point():
+        return "single_label_classification"
+    if labels.dim() == 2 and labels.shape[1] == num_labels:
+        return "multi_label_classification"
+    raise ValueError(
+        f"float labels of shape {tuple(labels.shape)} with num_labels={num_labels}: for single-label classification "
+        "pass integer class ids (labels.long()); for multi_label_classification pass 0/1 floats of shape "
+        f"(batch, {num_labels}); for regression on {num_labels} outputs pass floats of shape (batch, {num_labels}) and "
+        "set config.problem_type='regression'. Or set config.problem_type explicitly to one of "
+        "'single_label_classification', 'multi_label_classification', 'regression'."
+    )
 
 
 MODEL_CARD = """---
@@ -388,7 +474,7 @@ def warn_if_batch_coupled(model) -> None:
             f"because {why}. Padding invariance is impossible here; for reproducible per-text logits run one text at "
             "a time without padding (batch size 1), or use a config without it.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -469,17 +555,20 @@ class StableSequenceClassificationMixin:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         compiling = torch.compiler.is_compiling()  # data-dependent checks and shortcuts would break the graph
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if not compiling:
-            check_inputs(self, input_ids, attention_mask, inputs_embeds, labels)
+            past_length = 0 if cache is None else cache.get_seq_length()
+            check_inputs(self, input_ids, attention_mask, inputs_embeds, labels, past_length)
+            if attention_mask is None and input_ids is not None:
+                warn_if_padded_without_mask(self, input_ids)
             if self.training and torch.is_grad_enabled() and not getattr(self, "_low_precision_checked", False):
                 self._low_precision_checked = True  # once, at the first training step
                 if names := low_precision_trainables(self):
                     dtype = dict(self.named_parameters())[names[0]].dtype
                     advice = LOW_PRECISION_ADVICE.format(count=len(names), example=names[0], dtype=dtype)
-                    warnings.warn(advice, stacklevel=2)
+                    warnings.warn(advice, UserWarning, stacklevel=user_stacklevel())
         tokens = input_ids if input_ids is not None else inputs_embeds
         query_length = tokens.shape[1]
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
 
         # padding-free packing (stable_models.PackedCollator): no mask, position ids restart at each example;
         # transformers then builds block-diagonal masks, and pooling works per example
@@ -503,6 +592,7 @@ class StableSequenceClassificationMixin:
             backbone_mask = padding_mask.long()  # the backbone builds the masks each layer needs; the guard fixes them
 
         self._mask_guard.cache.clear()
+        self._mask_guard.past_length = cache.get_seq_length() if cache is not None else 0
         try:
             outputs = getattr(self, self.base_model_prefix)(
                 input_ids=input_ids,
@@ -514,6 +604,7 @@ class StableSequenceClassificationMixin:
             )
         finally:
             self._mask_guard.cache.clear()
+            self._mask_guard.past_length = 0
         query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
         if example_ids is not None:
             pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)

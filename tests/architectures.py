@@ -218,7 +218,9 @@ TABLE = [
         ),
     ),
     Arch("seed_oss"),
-    Arch("smollm3", dict(use_sliding_window=True, sliding_window=W)),
+    Arch(
+        "smollm3", dict(use_sliding_window=True, sliding_window=W, layer_types=["sliding_attention", "full_attention"])
+    ),
     Arch("stablelm"),
     Arch("starcoder2", dict(sliding_window=W)),
 ]

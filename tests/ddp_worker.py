@@ -52,6 +52,9 @@ def main():
         weights = sum(p.detach().double().abs().sum().item() for p in model.parameters())
         with open(args.out, "w") as handle:
             json.dump({"losses": losses, "weights": weights, "world": trainer.args.world_size}, handle)
+    if torch.distributed.is_initialized():  # a gloo group left to the interpreter's exit can abort a rank (SIGABRT)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -16,16 +16,23 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 RECORDED = []
 
 
+def visible(attention_mask):
+    """The boolean view of a mask: True where a query may attend (Doge hands kernels an additive float mask)."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
+
+
 def _eager_with_bool_mask(module, query, key, value, attention_mask, **kwargs):
     eager = sys.modules[type(module).__module__].eager_attention_forward
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
         additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
         attention_mask = additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
 def recording_attention(module, query, key, value, attention_mask, **kwargs):
-    RECORDED.append(attention_mask)
+    RECORDED.append(visible(attention_mask))
     return _eager_with_bool_mask(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -33,8 +40,8 @@ def nan_on_empty_rows_attention(module, query, key, value, attention_mask, **kwa
     """Eager attention, except that a query row with no visible key yields NaN, as fused GPU kernels do."""
     output, weights = _eager_with_bool_mask(module, query, key, value, attention_mask, **kwargs)
     if attention_mask is not None:
-        empty = ~attention_mask.any(-1)  # (batch, 1, q)
-        output = output.masked_fill(empty[:, 0, :, None, None], float("nan"))
+        empty = ~visible(attention_mask).any(-1)  # (batch, heads or 1, q)
+        output = output.masked_fill(empty.any(1)[:, :, None, None], float("nan"))
     return output, weights
 
 
