@@ -93,3 +93,27 @@ def test_generation_config_follows():
     model = QWEN2.causal_lm_class(make_config(QWEN2, vocab_size=len(tokenizer), pad_token_id=None))
     setup_pad_token(tokenizer, model)
     assert model.config.pad_token_id == model.generation_config.pad_token_id == 0
+
+
+FIXTURES = [("qwen2", qwen2_like), ("gemma2", gemma_like), ("llama", llama_pad_is_eos), ("llama", no_pad)]
+
+
+@pytest.mark.parametrize(("arch_name", "fixture"), FIXTURES, ids=lambda x: getattr(x, "__name__", x))
+def test_fixture_tokenizers_survive_save_and_auto_tokenizer(arch_name, fixture, tmp_path):
+    """A fixture must be what it claims: saved next to its architecture's config, AutoTokenizer gives it back."""
+    from transformers import AutoTokenizer
+
+    tokenizer = fixture()
+    make_config(BY_NAME[arch_name], vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["the film was great", "dull", "not good and not bad"]:
+        assert reloaded(text).input_ids == tokenizer(text).input_ids
+        assert reloaded.decode(reloaded(text).input_ids, skip_special_tokens=True).strip() == text
+    assert reloaded.tokenize("the film was great") == tokenizer.tokenize("the film was great")
+    assert len(tokenizer.tokenize("the film was great")) == 4  # whole words, not bytes
+    assert (reloaded.pad_token, reloaded.eos_token, reloaded.padding_side) == (
+        tokenizer.pad_token,
+        tokenizer.eos_token,
+        tokenizer.padding_side,
+    )

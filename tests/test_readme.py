@@ -1,0 +1,77 @@
+"""The README's python blocks run as written, against tiny local checkpoints, so they cannot rot.
+
+The first block is a whole program (only its path is replaced by a tiny Qwen2 folder). The others are fragments of a
+user's script; each runs with the names its surrounding README text assumes (a model, TrainingArguments, a dataset, a
+saved folder), and every Trainer it builds trains one step.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from architectures import BY_NAME, collate_left, cpu_training_args, make_config, toy_dataset
+from tiny_tokenizers import llama_pad_is_eos, qwen2_like
+
+import stable_models
+
+BLOCKS = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parent.parent / "README.md").read_text(), re.S)
+
+
+def causal_lm_folder(folder, arch_name, tokenizer):
+    torch.manual_seed(0)
+    config = make_config(BY_NAME[arch_name], vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    BY_NAME[arch_name].causal_lm_class(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture
+def context(tmp_path):
+    """What the README's fragments take as given."""
+    qwen2 = causal_lm_folder(tmp_path / "qwen2", "qwen2", qwen2_like())
+    stable = stable_models.StableQwen2ForSequenceClassification.from_pretrained(qwen2, num_labels=3)
+    stable.save_pretrained(tmp_path / "saved")
+    return {
+        "torch": torch,
+        "stable_models": stable_models,
+        "Trainer": transformers.Trainer,
+        "AutoTokenizer": transformers.AutoTokenizer,
+        "AutoModelForSequenceClassification": transformers.AutoModelForSequenceClassification,
+        "StableLlamaForSequenceClassification": stable_models.StableLlamaForSequenceClassification,
+        "model": stable,
+        "args": cpu_training_args(tmp_path / "run", max_steps=1, per_device_train_batch_size=4),
+        "tokenized": toy_dataset([3, 5, 4, 6], seed=1),
+        "data": toy_dataset([3, 5, 4, 6], seed=2),
+        "path": causal_lm_folder(tmp_path / "llama", "llama", llama_pad_is_eos()),
+        "folder": str(tmp_path / "saved"),
+        "name": qwen2,
+        "qwen2": qwen2,
+    }
+
+
+def test_there_are_blocks_to_run():
+    assert len(BLOCKS) >= 5 and "path/to/Qwen2.5-0.5B" in BLOCKS[0]
+
+
+def test_the_usage_snippet_is_a_whole_program(context):
+    namespace = {}
+    exec(BLOCKS[0].replace("path/to/Qwen2.5-0.5B", context["qwen2"]), namespace)  # no names given: none needed
+    out = namespace["out"]
+    assert out.logits.shape == (3, 3) and out.logits.dtype == out.loss.dtype == torch.float32
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("index", range(1, len(BLOCKS)))
+def test_fragment_runs_with_what_the_text_gives(index, context):
+    namespace = dict(context, collate_left=collate_left)
+    code = BLOCKS[index]
+    if "Trainer(" in code and "data_collator" not in code:
+        code = code.replace("Trainer(", "Trainer(data_collator=collate_left, ", 1)  # the user's own collator
+    exec(code, namespace)
+    if re.search(r"^trainer = Trainer\(", code, re.M):
+        namespace["trainer"].train()
+        assert namespace["trainer"].state.global_step == 1
+    if "model" in namespace and namespace["model"] is not context["model"]:
+        assert type(namespace["model"]).__name__.startswith("Stable")
