@@ -7,6 +7,7 @@ Stable class is healthy on this checkpoint and data, 1 otherwise.
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -50,12 +51,83 @@ def progress(text):
     print(f"[doctor] {text}", file=sys.stderr, flush=True)
 
 
-def load_texts(path):
+class DoctorError(Exception):
+    """A problem with the doctor's own input (folder, data file, log): printed as one line, no traceback."""
+
+
+def load_texts(path, text_key="text", label_key="label"):
+    """(texts, labels or None) from JSON lines; labels may be ints or strings (mapped to ids in sorted order)."""
     if path is None:
         return SENTENCES, None
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    labels = [r["label"] for r in rows] if all("label" in r for r in rows) else None
-    return [r["text"] for r in rows], labels
+    if not os.path.isfile(path):
+        raise DoctorError(f"--data {path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise DoctorError(f"--data {path}, line {number}: not a JSON object ({line.strip()[:40]!r})") from None
+            if not isinstance(row, dict) or text_key not in row:
+                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise DoctorError(
+                    f"--data {path}, line {number}: no {text_key!r} key (keys: {keys}); name it with --text-key"
+                )
+            rows.append((number, row))
+    if not rows:
+        raise DoctorError(f"--data {path}: no lines with data")
+    with_label = [number for number, row in rows if label_key in row]
+    if with_label and len(with_label) != len(rows):
+        missing = [number for number, row in rows if label_key not in row][:10]
+        raise DoctorError(
+            f"--data {path}: {len(with_label)} of {len(rows)} lines have a {label_key!r}; lines {missing} have none: "
+            "label every line or none"
+        )
+    texts = [str(row[text_key]) for _, row in rows]
+    labels = [row[label_key] for _, row in rows] if with_label else None
+    return texts, labels
+
+
+def label_ids(labels, report):
+    """Class ids for the labels: integers as they are, anything else mapped in sorted order (and the map shown)."""
+    if labels is None:
+        return None
+    if all(isinstance(label, int) and not isinstance(label, bool) for label in labels):
+        return labels
+    names = sorted({str(label) for label in labels})
+    mapping = {name: i for i, name in enumerate(names)}
+    report.ok("labels mapped to ids: " + ", ".join(f"{name!r} -> {i}" for name, i in mapping.items()))
+    return [mapping[str(label)] for label in labels]
+
+
+def drop_empty_texts(texts, labels, tokenizer, report):
+    """Leave out texts with no token of their own (empty, or only characters the tokenizer drops)."""
+    empty = [i for i, t in enumerate(texts) if not t.strip() or not tokenizer(t, add_special_tokens=False).input_ids]
+    if not empty:
+        return texts, labels
+    report.warn(
+        f"{len(empty)} text(s) are empty or tokenize to nothing (data lines {[i + 1 for i in empty][:10]}): left out",
+        "drop them from the data; a Stable model raises a ValueError for a row with no tokens",
+    )
+    keep = [i for i in range(len(texts)) if i not in set(empty)]
+    if not keep:
+        raise DoctorError("every text is empty or tokenizes to nothing")
+    return [texts[i] for i in keep], None if labels is None else [labels[i] for i in keep]
+
+
+def cell(value) -> str:
+    """A table cell: numbers keep their exponent (6e-08 stays 6e-08), dtypes lose their 'torch.' prefix."""
+    if isinstance(value, bool) or value is None:
+        text = str(value)
+    elif isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, torch.dtype):
+        text = str(value).removeprefix("torch.")
+    else:
+        text = str(value)
+    return text if len(text) <= 16 else text[:15] + "…"
 
 
 def check_pad_token(tokenizer, config, report):
@@ -115,14 +187,20 @@ def diagnose(args) -> int:
     report = Report()
     dtype = DTYPES[args.dtype]
     start = time.perf_counter()
+    if not os.path.isdir(args.model) or not os.path.isfile(os.path.join(args.model, "config.json")):
+        raise DoctorError(f"--model {args.model}: not a folder with a config.json (a local checkpoint is needed)")
+    texts, labels = load_texts(args.data, args.text_key, args.label_key)
     progress(f"loading tokenizer and config from {args.model}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     config = AutoConfig.from_pretrained(args.model)
     if args.padding_side:
         tokenizer.padding_side = args.padding_side
     check_pad_token(tokenizer, config, report)
-    texts, labels = load_texts(args.data)
+    labels = label_ids(labels, report)
+    texts, labels = drop_empty_texts(texts, labels, tokenizer, report)
     texts = texts[: args.max_examples]
+    if labels is None:
+        report.ok("no labels in the data: made-up labels 0, 1, 0, 1, ... (only the numerics are checked)")
     labels = torch.tensor(labels[: len(texts)] if labels else [i % 2 for i in range(len(texts))])
     num_labels = max(2, int(labels.max()) + 1)
     if tokenizer.pad_token is None:
@@ -158,10 +236,10 @@ def diagnose(args) -> int:
         results[name]["low precision"] = low_precision
         del model
 
-    table = [f"  {'':28} {'stock':>14} {'Stable':>14}"]
+    table = [f"  {'':28} {'stock':>16} {'Stable':>16}"]
     for key in ("finite", "loss", "loss dtype", "padding error", "honours num_items_in_batch", "first non-finite"):
-        cells = [str(results[n].get(key, results[n].get("error", "-")))[:14] for n in ("stock", "Stable")]
-        table.append(f"  {key:28} {cells[0]:>14} {cells[1]:>14}")
+        cells = [cell(results[n][key]) if key in results[n] else "error" for n in ("stock", "Stable")]
+        table.append(f"  {key:28} {cells[0]:>16} {cells[1]:>16}")
 
     stock, stable = results["stock"], results["Stable"]
     if "error" in stock:
@@ -219,13 +297,34 @@ def diagnose(args) -> int:
     return 0 if report.problems == 0 else 1
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m stable_models doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m stable_models doctor", description=__doc__, formatter_class=HelpFormatter
     )
-    parser.add_argument("--model", required=True, help="local folder with config, weights and tokenizer")
-    parser.add_argument("--data", help="JSON lines with 'text' (and optionally integer 'label')")
-    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    parser.add_argument(
+        "--model", help="local folder with config, weights and tokenizer (a base model or a classifier)"
+    )
+    parser.add_argument("--data", help="JSON lines with a text and, optionally, a label (int or string) per line")
+    parser.add_argument("--text-key", default="text", help="the key of the text in --data lines")
+    parser.add_argument("--label-key", default="label", help="the key of the label in --data lines")
+    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="dtype to load the model in")
     parser.add_argument("--padding-side", choices=["left", "right"], help="default: the tokenizer's")
-    parser.add_argument("--max-examples", type=int, default=16)
-    return diagnose(parser.parse_args(argv))
+    parser.add_argument("--max-examples", type=int, default=16, help="texts used from --data")
+    parser.add_argument("--log", help="instead of a model: explain a Trainer log (trainer_state.json or a text log)")
+    parser.add_argument("--num-labels", type=int, help="with --log: number of classes (default: guessed from the loss)")
+    args = parser.parse_args(argv)
+    if (args.model is None) == (args.log is None):
+        parser.error("give --model DIR (run a checkpoint) or --log FILE (explain a Trainer log)")
+    try:
+        if args.log:
+            from .logs import explain_log
+
+            return explain_log(args.log, args.num_labels)
+        return diagnose(args)
+    except DoctorError as error:
+        print(f"doctor: error: {error}", file=sys.stderr)
+        return 2

@@ -9,6 +9,7 @@ in `from_pretrained` and adds a model card in `save_pretrained`; weights, attrib
 import importlib
 import inspect
 import json
+import logging
 import os
 import struct
 import warnings
@@ -465,6 +466,23 @@ def recurrent_layer_kinds(config) -> list[str]:
     return sorted({kind for kind in kinds if kind in RECURRENT_LAYER_KINDS})
 
 
+class HideFalsePipelineError(logging.Filter):
+    """transformers' pipeline checks the model's class *name* against the stock classes and logs at error level
+    "The model 'StableQwen2ForSequenceClassification' is not supported for text-classification" although it is.
+    This filter drops exactly that record for Stable classes; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(f"The model '{STABLE_PREFIX}") and "is not supported for" in message)
+
+
+def hide_false_pipeline_error() -> None:
+    """Install the filter on transformers' pipeline logger once, when the first Stable model is built."""
+    logger = logging.getLogger("transformers.pipelines.base")
+    if not any(isinstance(f, HideFalsePipelineError) for f in logger.filters):
+        logger.addFilter(HideFalsePipelineError())
+
+
 def warn_if_batch_coupled(model) -> None:
     """Say loudly where padding invariance (contract point 2) cannot hold, instead of claiming it."""
     flag, why = BATCH_COUPLED.get(model.config.model_type, (None, None))
@@ -507,6 +525,7 @@ class StableSequenceClassificationMixin:
         for layer in layers:
             layer.register_forward_pre_hook(self._mask_guard, with_kwargs=True)
         warn_if_batch_coupled(self)
+        hide_false_pipeline_error()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

@@ -1,6 +1,7 @@
 """`python -m stable_models doctor` end to end on tiny checkpoints saved by the test, with tokenizers built here."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -88,9 +89,66 @@ def test_non_finite_checkpoint_fails_and_names_the_module(tmp_path):
     assert "Stable class: 1 problem(s)" in out
 
 
-def test_empty_texts_are_named(tmp_path):
+def test_empty_texts_are_a_data_problem_and_the_run_goes_on(tmp_path):
     folder = save_checkpoint(tmp_path / "model", "qwen2", qwen2_like())
-    data = write_data(tmp_path / "data.jsonl", ["the film", "", "bad"])
+    data = write_data(tmp_path / "data.jsonl", ["the film", "", "bad", "   ", "i loved it"])
     code, out, err = doctor("--model", folder, "--data", data, "--dtype", "fp32")
-    assert code == 1
-    assert "rows [1] of attention_mask are all zero" in out
+    assert code == 0, out + err
+    assert "2 text(s) are empty or tokenize to nothing (data lines [2, 4]): left out" in out
+    assert "3 texts" in out and "Stable class: healthy" in out
+    assert "RuntimeError" not in out and "FAIL" not in out
+
+
+def test_string_labels_are_mapped_and_the_map_is_printed(tmp_path):
+    folder = save_checkpoint(tmp_path / "model", "qwen2", qwen2_like())
+    data = tmp_path / "data.jsonl"
+    labels = ["积极", "消极", "中立", "积极"]
+    data.write_text(
+        "".join(
+            json.dumps({"text": t, "label": y}, ensure_ascii=False) + "\n" for t, y in zip(TEXTS, labels, strict=False)
+        )
+    )
+    code, out, err = doctor("--model", folder, "--data", data, "--dtype", "fp32")
+    assert code == 0, out + err
+    assert "labels mapped to ids: '中立' -> 0, '消极' -> 1, '积极' -> 2" in out
+    assert "too many dimensions" not in out + err
+
+
+def test_table_keeps_exponents(tmp_path):
+    folder = save_checkpoint(tmp_path / "model", "qwen2", qwen2_like())
+    code, out, err = doctor("--model", folder, "--data", write_data(tmp_path / "data.jsonl"), "--dtype", "fp32")
+    row = next(line for line in out.splitlines() if line.strip().startswith("padding error"))
+    stable_cell = row.split()[-1]
+    assert re.fullmatch(r"\d(\.\d+)?e-\d\d|0", stable_cell), row  # e.g. 5.96046e-08, not 5.960464477539
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            [{"sentence": "the film", "label": 0}],
+            r"line 1: no 'text' key \(keys: \['label', 'sentence'\]\); name it with --text-key",
+        ),
+        ([{"text": "the film", "label": 0}, {"text": "bad"}], r"1 of 2 lines have a 'label'; lines \[2\] have none"),
+    ],
+    ids=["wrong-key", "some-labels"],
+)
+def test_bad_data_files_get_one_line_errors(tmp_path, lines, message):
+    folder = save_checkpoint(tmp_path / "model", "qwen2", qwen2_like())
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, out, err = doctor("--model", folder, "--data", data)
+    assert code == 2 and re.search(message, err), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_folder_gets_a_one_line_error(tmp_path):
+    code, out, err = doctor("--model", tmp_path / "nowhere")
+    assert code == 2 and "not a folder with a config.json" in err and "Traceback" not in err
+
+
+def test_help_shows_defaults_and_the_package_help_exits_0():
+    code, out, err = doctor("--help")
+    assert code == 0 and "(default: bf16)" in out and "--log" in out
+    result = subprocess.run([sys.executable, "-m", "stable_models", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "doctor --model DIR" in result.stdout

@@ -1,0 +1,92 @@
+"""`python -m stable_models doctor --log`: each known failure pattern in a Trainer log is named with its fix."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from architectures import BY_NAME, collate_left, cpu_training_args, make_config, toy_dataset
+from transformers import Trainer
+
+
+def doctor_log(path, *extra):
+    result = subprocess.run(
+        [sys.executable, "-m", "stable_models", "doctor", "--log", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def trainer_state(path, steps):
+    history = [{"step": i + 1, "epoch": i / 10, "learning_rate": 1e-4, **s} for i, s in enumerate(steps)]
+    path.write_text(json.dumps({"log_history": history, "global_step": len(steps)}))
+    return path
+
+
+def text_log(path, steps):
+    """What Trainer prints in transformers 5 (values as strings)."""
+    path.write_text("".join(str({k: f"{v:.4g}" for k, v in s.items()}) + "\n" for s in steps) + "100%|####| done\n")
+    return path
+
+
+@pytest.mark.parametrize("write", [trainer_state, text_log], ids=["trainer_state", "text"])
+def test_hidden_nan(tmp_path, write):
+    steps = [{"loss": 1.09, "grad_norm": 3.1}, {"loss": 0.0, "grad_norm": float("nan")}] + [
+        {"loss": 0.0, "grad_norm": float("nan")}
+    ] * 3
+    code, out, err = doctor_log(write(tmp_path / "log", steps))
+    assert code == 1, out + err
+    assert "step 2: loss 0.0 with grad_norm nan" in out and "logging_nan_inf_filter" in out
+    assert "StopOnNonFinite" in out
+
+
+def test_stuck_at_ln_k_with_no_gradient(tmp_path):
+    steps = [{"loss": math.log(3), "grad_norm": 0.0}] * 6
+    code, out, _ = doctor_log(trainer_state(tmp_path / "s.json", steps))
+    assert code == 1 and "loss stuck at ln(3) = 1.0986 with grad_norm 0.0 in 6 of 6" in out
+    assert "modules_to_save" in out and "-100" in out
+
+
+def test_losses_on_the_bf16_grid(tmp_path):
+    values = [1.09375, 0.8515625, 0.5078125, 0.26953125, 0.1396484375]
+    code, out, _ = doctor_log(trainer_state(tmp_path / "s.json", [{"loss": v, "grad_norm": 1.0} for v in values]))
+    assert code == 1 and "lie on the bf16 grid" in out and "fp32 head, logits and loss" in out
+
+
+def test_flat_loss_with_moving_gradients(tmp_path):
+    steps = [{"loss": 0.6931 + 1e-5 * (i % 2), "grad_norm": 0.8} for i in range(10)]
+    code, out, _ = doctor_log(trainer_state(tmp_path / "s.json", steps), "--num-labels", "5")
+    assert code == 1 and "the loss is flat" in out and "dtype=torch.float32" in out
+
+
+def test_healthy_log(tmp_path):
+    steps = [{"loss": 1.1 * 0.8**i + 0.0123 * i, "grad_norm": 2.0 - 0.1 * i} for i in range(10)]
+    code, out, _ = doctor_log(trainer_state(tmp_path / "s.json", steps))
+    assert code == 0 and "none of the known failure patterns" in out
+
+
+def test_missing_or_empty_log(tmp_path):
+    code, _, err = doctor_log(tmp_path / "nothing.json")
+    assert code == 2 and "no such file" in err and "Traceback" not in err
+    (tmp_path / "empty.log").write_text("nothing here\n")
+    code, _, err = doctor_log(tmp_path / "empty.log")
+    assert code == 2 and "no logged training loss" in err
+
+
+def test_a_real_trainer_log_of_the_stock_class_with_gradient_accumulation(tmp_path):
+    """The stock class under Trainer with gradient_accumulation_steps=4 logs ~4 x ln(3) at the start."""
+    arch = BY_NAME["qwen2"]
+    torch.manual_seed(0)
+    model = arch.stock_class(make_config(arch))  # default init: near-uniform logits, loss ~ ln(3)
+    args = cpu_training_args(
+        tmp_path / "run", per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=2, learning_rate=1e-5
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=toy_dataset([4] * 16, seed=3), data_collator=collate_left)
+    trainer.train()
+    trainer.state.save_to_json(str(tmp_path / "trainer_state.json"))
+    code, out, _ = doctor_log(tmp_path / "trainer_state.json", "--num-labels", "3")
+    assert code == 1 and "4 x ln(3)" in out and "inflated 4x" in out and "num_items_in_batch" in out
