@@ -8,7 +8,7 @@ patched, and no architecture's modeling code is imported.
 
 from . import modeling_stable
 from .modeling_stable import POOLING_MODES, Fp32Linear, StableSequenceClassificationMixin, check_checkpoint
-from .packing import PackedCollator
+from .packing import PackedCollator, PackedPairCollator, bradley_terry_loss
 from .registry import (
     STABLE_CLASSES,
     from_pretrained,
@@ -36,8 +36,10 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuard",
     "PackedCollator",
+    "PackedPairCollator",
     "StableSequenceClassificationMixin",
     "StopOnNonFinite",
+    "bradley_terry_loss",
     "check_checkpoint",
     "from_pretrained",
     "register",

@@ -252,21 +252,34 @@ def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling
     return (hidden_states.to(dtype) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
-def packed_examples(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """Example index of every token of a padding-free packed batch (position ids restart at 0 for each example), or
-    None when no row holds more than one example."""
-    starts = position_ids == 0
-    if not starts[:, 1:].any():
+def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | None):
+    """For a packed batch (position ids restart at 0 for each example inside a row; rows may end in padding):
+    (example index of every token, -1 on padding; position ids in which each row's padding restarts at 0, so that
+    it forms a block of its own). None when no row holds more than one example."""
+    real = torch.ones_like(position_ids, dtype=torch.bool) if padding_mask is None else padding_mask
+    starts = (position_ids == 0) & real
+    first_real = real & (real.long().cumsum(-1) == 1)
+    if not (starts & ~first_real).any():
         return None
+    if padding_mask is not None and (padding_mask[:, 1:] & ~padding_mask[:, :-1]).any():
+        raise ValueError(
+            "packed batch: padding must come at the end of a row (attention_mask 1...1 0...0), as "
+            "stable_models.PackedCollator builds it."
+        )
     if not starts[:, 0].all():
         raise ValueError("packed batch: every row must start a new example (position_ids[:, 0] == 0).")
-    return starts.flatten().cumsum(0) - 1
+    example_ids = torch.where(real.flatten(), starts.flatten().cumsum(0) - 1, -1)
+    pad_positions = (~real).long().cumsum(-1) - 1
+    return example_ids, torch.where(real, position_ids, pad_positions)
 
 
 def pool_packed(hidden_states: torch.Tensor, example_ids: torch.Tensor, pooling: str) -> torch.Tensor:
-    """Pool each example of a packed batch: its last token, or the fp32 mean of its tokens."""
+    """Pool each example of a packed batch (example ids -1 on padding): its last token, or the fp32 mean of its
+    tokens; examples in row-major order."""
     dtype = at_least_fp32(hidden_states.dtype)
-    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    real = example_ids >= 0
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])[real]
+    example_ids = example_ids[real]
     count = int(example_ids[-1]) + 1
     if pooling == "last":
         is_last = torch.ones_like(example_ids, dtype=torch.bool)
@@ -589,17 +602,24 @@ class StableSequenceClassificationMixin:
         tokens = input_ids if input_ids is not None else inputs_embeds
         query_length = tokens.shape[1]
 
-        # padding-free packing (stable_models.PackedCollator): no mask, position ids restart at each example;
-        # transformers then builds block-diagonal masks, and pooling works per example
+        # padding-free packing (stable_models.PackedCollator): position ids restart at each example, rows may end in
+        # padding; the backbone gets no mask, so transformers builds block-diagonal masks from the position ids (the
+        # padding at the end of a row is a block of its own), and pooling works per example
         example_ids = None
-        if attention_mask is None and position_ids is not None and cache is None and not compiling:
-            example_ids = packed_examples(position_ids)
-            if example_ids is not None and (kinds := recurrent_layer_kinds(self.config)):
-                raise ValueError(
-                    f"{type(self).__name__} has {'/'.join(kinds)} layers, whose state runs along the whole row: in a "
-                    "packed batch each example would see the ones before it. Pad instead of packing (a plain "
-                    "DataCollatorWithPadding); padding keeps every guarantee for this model."
-                )
+        example_index = kwargs.pop("packed_example_index", None)
+        if position_ids is not None and cache is None and not compiling:
+            packed = packed_examples(position_ids, None if attention_mask is None else attention_mask != 0)
+            if packed is not None:
+                if kinds := recurrent_layer_kinds(self.config):
+                    raise ValueError(
+                        f"{type(self).__name__} has {'/'.join(kinds)} layers, whose state runs along the whole row: in "
+                        "a packed batch each example would see the ones before it. Pad instead of packing (a plain "
+                        "DataCollatorWithPadding); padding keeps every guarantee for this model."
+                    )
+                example_ids, position_ids = packed
+                attention_mask = None
+        if example_index is not None and example_ids is None:
+            raise ValueError("packed_example_index given, but the batch is not packed (no restarting position_ids).")
         padding_mask = None if attention_mask is None else attention_mask != 0
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
@@ -627,6 +647,13 @@ class StableSequenceClassificationMixin:
         query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
         if example_ids is not None:
             pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
+            if example_index is not None:  # back to the order of the features
+                example_index = example_index.to(pooled.device)
+                if not torch.equal(example_index.sort().values, torch.arange(len(pooled), device=pooled.device)):
+                    raise ValueError(
+                        f"packed_example_index must be a permutation of the {len(pooled)} packed examples."
+                    )
+                pooled = torch.empty_like(pooled).index_copy_(0, example_index, pooled)
         else:
             pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
         if outputs.last_hidden_state.dtype == torch.float16 and not compiling:

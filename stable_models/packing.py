@@ -1,27 +1,107 @@
-"""Padding-free batches for classification: several examples in one row, position ids restarting per example.
+"""Padding-free batches for classification and reward modelling: several examples per row, position ids restarting
+at every example, rows of at most `max_tokens` tokens.
 
-`Trainer(..., data_collator=stable_models.PackedCollator())` packs each batch into one row, so no compute is spent on
-padding; Stable classes pool each example separately, and every example gets its unpadded logits.
+`Trainer(..., data_collator=stable_models.PackedCollator())` packs each batch into rows, so almost no compute is
+spent on padding; Stable classes pool each example separately, and every example gets its unpadded logits, in the
+order of the features (`logits[i]` belongs to feature i).
+
+The batch format (documented in the README, checked by the Stable forward):
+- `input_ids`, `position_ids` (rows, length): examples laid end to end, positions 0, 1, 2, ... for each;
+- `attention_mask` (rows, length), only when some row is shorter than the longest: 1 on tokens, 0 on the padding at
+  the end of a row;
+- `packed_example_index` (examples,): feature index of each example in row-major order (first-fit decreasing moves
+  them), used by the Stable forward to put logits back in feature order;
+- `labels` (examples,) in feature order.
+With a single row and no padding only `input_ids` and `position_ids` are needed (the old one-row format).
 """
 
 import torch
+import torch.nn.functional as F
+
+DEFAULT_MAX_TOKENS = 4096  # see PackedCollator
+
+
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices grouped into bins of total length <= capacity (a longer item gets a bin of its own)."""
+    bins, room = [], []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for b, free in enumerate(room):
+            if lengths[index] <= free:
+                bins[b].append(index)
+                room[b] -= lengths[index]
+                break
+        else:
+            bins.append([index])
+            room.append(capacity - lengths[index])
+    return bins
 
 
 class PackedCollator:
-    """Collate features with `input_ids` (and `labels`/`label`) into one row: `input_ids` and `position_ids` of shape
-    (1, total tokens) and `labels` of shape (examples,). No attention_mask: the restarting position ids mark the
-    examples, and transformers builds block-diagonal attention from them."""
+    """Collate features with `input_ids` (and `labels`/`label`) into packed rows of at most `max_tokens` tokens.
+
+    `max_tokens=None` puts the whole batch in one row. The default, 4096, bounds the cost of attention: eager and sdpa
+    build a dense block-diagonal mask per row, so time and memory grow with the square of a row's length; rows of a
+    few thousand tokens keep that below the MLP's cost for the models this library targets while a row still holds
+    many typical examples (set it to your longest example, or to 2-4x it, if examples are long).
+    """
+
+    def __init__(self, max_tokens: int | None = DEFAULT_MAX_TOKENS, pad_token_id: int = 0):
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"PackedCollator: max_tokens={max_tokens} must be a positive number of tokens, or None.")
+        self.max_tokens = max_tokens
+        self.pad_token_id = pad_token_id
 
     def __call__(self, features: list[dict]) -> dict:
         ids = [torch.as_tensor(f["input_ids"], dtype=torch.long).flatten() for f in features]
-        if any(len(i) == 0 for i in ids):
-            raise ValueError("PackedCollator: an example has no tokens; drop empty texts before training.")
-        batch = {
-            "input_ids": torch.cat(ids)[None],
-            "position_ids": torch.cat([torch.arange(len(i)) for i in ids])[None],
-        }
+        empty = [i for i, t in enumerate(ids) if len(t) == 0]
+        if empty:
+            raise ValueError(f"PackedCollator: examples {empty[:10]} have no tokens; drop empty texts before training.")
+        lengths = [len(t) for t in ids]
+        capacity = self.max_tokens or sum(lengths)
+        fits = sum(lengths) <= capacity  # one row, in the order given
+        rows = [list(range(len(ids)))] if fits else first_fit_decreasing(lengths, capacity)
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        input_ids, positions, mask = [], [], []
+        for row in rows:
+            used = sum(lengths[i] for i in row)
+            input_ids.append(F.pad(torch.cat([ids[i] for i in row]), (0, width - used), value=self.pad_token_id))
+            positions.append(F.pad(torch.cat([torch.arange(lengths[i]) for i in row]), (0, width - used)))
+            mask.append(torch.arange(width) < used)
+        batch = {"input_ids": torch.stack(input_ids), "position_ids": torch.stack(positions)}
+        if not all(m.all() for m in mask):
+            batch["attention_mask"] = torch.stack(mask).long()
+        order = [i for row in rows for i in row]
+        if order != list(range(len(ids))):
+            batch["packed_example_index"] = torch.tensor(order)
         key = "labels" if "labels" in features[0] else "label" if "label" in features[0] else None
         if key is not None:
-            labels = [torch.as_tensor(f[key]) for f in features]
-            batch["labels"] = torch.stack(labels)
+            batch["labels"] = torch.stack([torch.as_tensor(f[key]) for f in features])
         return batch
+
+
+class PackedPairCollator(PackedCollator):
+    """Padding-free reward modelling: features with `chosen_input_ids` and `rejected_input_ids` (TRL's tokenized
+    preference format) become packed rows of all 2N responses, with `labels` 1 for chosen and 0 for rejected, in the
+    order chosen_0, rejected_0, chosen_1, ... Use with a Stable model with num_labels=1 and
+    `Trainer(compute_loss_func=stable_models.bradley_terry_loss, data_collator=PackedPairCollator())`."""
+
+    def __call__(self, features: list[dict]) -> dict:
+        responses = []
+        for feature in features:
+            responses.append({"input_ids": feature["chosen_input_ids"], "labels": torch.tensor(1)})
+            responses.append({"input_ids": feature["rejected_input_ids"], "labels": torch.tensor(0)})
+        return super().__call__(responses)
+
+
+def bradley_terry_loss(outputs, labels, num_items_in_batch=None):
+    """-log sigmoid(r_chosen - r_rejected), in fp32, averaged over pairs (over the pairs of all accumulated
+    micro-batches when Trainer passes num_items_in_batch, which counts both responses of a pair)."""
+    rewards = outputs["logits"].squeeze(-1).float()
+    labels = labels.to(rewards.device)
+    chosen, rejected = rewards[labels == 1], rewards[labels == 0]
+    if chosen.shape != rejected.shape:
+        raise ValueError("bradley_terry_loss: labels must mark each pair's chosen (1) and rejected (0) response.")
+    losses = -F.logsigmoid(chosen - rejected)
+    if num_items_in_batch is None:
+        return losses.mean()
+    return losses.sum() / (num_items_in_batch / 2)

@@ -27,6 +27,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--packing", action="store_true")
+    parser.add_argument("--max-tokens", type=int, default=None, help="with --packing: rows of at most N tokens")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dataset = toy_dataset([3 + (7 * i) % 11 for i in range(32)], seed=6)
@@ -44,7 +45,7 @@ def main():
         model=model,
         args=training,
         train_dataset=dataset,
-        data_collator=PackedCollator() if args.packing else collate_left,
+        data_collator=PackedCollator(max_tokens=args.max_tokens) if args.packing else collate_left,
     )
     trainer.train()
     if trainer.is_world_process_zero():
