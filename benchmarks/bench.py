@@ -3,6 +3,7 @@
     ./dev bench                       # everything, CPU, ~10 minutes on 2 cores
     ./dev bench --only step           # forward and forward+backward time and peak memory
     ./dev bench --only throughput     # real tokens/s on length-skewed batches: padding vs packing
+    ./dev bench --only packing        # batch 8..128: padding, length-grouped, one packed row, capped rows
     ./dev bench --only compile        # torch.compile vs eager
 
 Each timing is the median of --repeats runs after --warmup runs, stock and Stable alternating in one process. Memory:
@@ -222,6 +223,115 @@ def bench_throughput(args):
             )
 
 
+def padded_batch(sequences, labels):
+    """Right padding (the stock class pools that correctly)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.zeros(len(sequences), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(sequences):
+        ids[row, : len(s)], mask[row, : len(s)] = s, 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def packing_batches(setup, examples, batch_size, max_tokens):
+    """The batches one setup trains on, from the same examples: padded in the order given, length-grouped (what
+    train_sampling_strategy="group_by_length" approximates: sorted by length, then cut into batches), one packed row
+    per batch, or packed rows of at most max_tokens tokens."""
+    order = list(range(len(examples)))
+    if setup == "stock, length-grouped":
+        order.sort(key=lambda i: len(examples[i][0]))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        chunk = [examples[i] for i in order[start : start + batch_size]]
+        sequences, labels = [s for s, _ in chunk], torch.stack([y for _, y in chunk])
+        if setup.endswith("one row") or setup.endswith("capped rows"):
+            cap = None if setup.endswith("one row") else max_tokens
+            features = [{"input_ids": s, "labels": y} for s, y in chunk]
+            batches.append(stable_models.PackedCollator(max_tokens=cap)(features))
+        else:
+            batches.append(padded_batch(sequences, labels))
+    return batches
+
+
+PACKING_SETUPS = (
+    "stock, padding",
+    "Stable, padding",
+    "Stable, one row",
+    "Stable, capped rows",
+    "stock, length-grouped",
+)
+
+
+def bench_packing(args):
+    """Real tokens/s (forward+backward) at growing batch sizes, every setup on the same examples, setups alternating
+    round by round in one process; ratios to the stock class with plain padding, the ideal (padded / real tokens)
+    beside them, and the saved-activation memory of one step."""
+    print(
+        f"\n## packing: lengths log-uniform in [8, 512], fp32, train, {args.packing_rounds} alternating rounds, "
+        f"capped rows of {args.max_tokens} tokens"
+    )
+    print(
+        f"{'arch':7} {'batch':>5} {'setup':22} {'tokens/s':>9} {'vs stock':>8} {'ideal':>6} {'of ideal':>8} "
+        f"{'saved MiB':>10} {'loss':>9}"
+    )
+    for arch in args.archs:
+        models = {kind: build(arch, kind, "fp32", args.device).train() for kind in ("stock", "stable")}
+        for batch_size in args.packing_batch_sizes:
+            generator = torch.Generator().manual_seed(batch_size)
+            count = batch_size * max(1, args.packing_examples // batch_size)
+            lengths = skewed_lengths(count, seed=batch_size)
+            examples = [
+                (
+                    torch.randint(1, MID["vocab_size"], (n,), generator=generator),
+                    torch.randint(0, 3, (), generator=generator),
+                )
+                for n in lengths
+            ]
+            real = sum(lengths)
+            plain = packing_batches("stock, padding", examples, batch_size, args.max_tokens)
+            ideal = sum(b["input_ids"].numel() for b in plain) / real
+            setups = {s: packing_batches(s, examples, batch_size, args.max_tokens) for s in PACKING_SETUPS}
+            longest_row = max(b["input_ids"].shape[1] for b in setups["Stable, one row"])
+            if longest_row > args.one_row_limit:  # eager/sdpa materialise a dense row x row mask and scores
+                del setups["Stable, one row"]
+            times = {s: [] for s in setups}
+            losses = {}
+            for _ in range(args.packing_rounds):
+                for setup, batches in setups.items():
+                    model = models["stock" if setup.startswith("stock") else "stable"]
+                    start = time.perf_counter()
+                    total = 0.0
+                    for batch in batches:
+                        loss = model(**{k: v.to(args.device) for k, v in batch.items()}).loss
+                        loss.backward()
+                        model.zero_grad(set_to_none=True)
+                        total += loss.item() * len(batch["labels"])
+                    sync(args.device)
+                    times[setup].append(time.perf_counter() - start)
+                    losses[setup] = total / count
+            for setup in PACKING_SETUPS:
+                if setup not in setups:
+                    gib = 4 * MID["num_attention_heads"] * longest_row**2 / 2**30
+                    print(
+                        f"{arch:7} {batch_size:5} {setup:22} skipped: one row of {longest_row} tokens "
+                        f"({gib:.0f} GiB of "
+                        "attention scores per layer)",
+                        flush=True,
+                    )
+                    continue
+                model = models["stock" if setup.startswith("stock") else "stable"]
+                first = {k: v.to(args.device) for k, v in setups[setup][0].items()}
+                memory = peak_bytes(lambda m=model, b=first: m(**b).loss.backward(), args.device, True) / 2**20
+                model.zero_grad(set_to_none=True)
+                speed = real / statistics.median(times[setup])
+                base = real / statistics.median(times["stock, padding"])
+                print(
+                    f"{arch:7} {batch_size:5} {setup:22} {speed:9.0f} {speed / base:7.2f}x {ideal:5.2f}x "
+                    f"{speed / base / ideal:7.0%} {memory:10.1f} {losses[setup]:9.5f}",
+                    flush=True,
+                )
+
+
 def bench_compile(args):
     print(f"\n## torch.compile (Stable, fp32, forward, batch {args.batch} x {args.length}, left padding)")
     for arch in args.archs:
@@ -248,7 +358,10 @@ def bench_compile(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--only", nargs="+", default=["step", "throughput", "compile"], choices=["step", "throughput", "compile"]
+        "--only",
+        nargs="+",
+        default=["step", "throughput", "packing", "compile"],
+        choices=["step", "throughput", "packing", "compile"],
     )
     parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=list(ARCHS))
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
@@ -259,6 +372,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--throughput-batches", type=int, default=6)
     parser.add_argument("--throughput-repeats", type=int, default=3)
+    parser.add_argument("--packing-batch-sizes", nargs="+", type=int, default=[8, 32, 64, 128])
+    parser.add_argument("--packing-examples", type=int, default=128, help="examples per batch size (whole batches)")
+    parser.add_argument("--packing-rounds", type=int, default=2)
+    parser.add_argument("--one-row-limit", type=int, default=8192, help="skip one-row packing above this row length")
+    parser.add_argument("--max-tokens", type=int, default=stable_models.packing.DEFAULT_MAX_TOKENS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*without fp32 master weights")  # bf16 weights train on purpose here
     if args.device == "cpu":
@@ -269,7 +387,8 @@ def main():
         f"{torch.get_num_threads()} threads"
     )
     for part in args.only:
-        {"step": bench_step, "throughput": bench_throughput, "compile": bench_compile}[part](args)
+        parts = {"step": bench_step, "throughput": bench_throughput, "packing": bench_packing, "compile": bench_compile}
+        parts[part](args)
 
 
 if __name__ == "__main__":

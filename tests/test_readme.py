@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from architectures import BY_NAME, collate_left, cpu_training_args, make_config, toy_dataset
+from architectures import BY_NAME, VOCAB, collate_left, cpu_training_args, make_config, toy_dataset
 from tiny_tokenizers import llama_pad_is_eos, qwen2_like
 
 import stable_models
@@ -21,7 +21,8 @@ BLOCKS = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parent.par
 
 def causal_lm_folder(folder, arch_name, tokenizer):
     torch.manual_seed(0)
-    config = make_config(BY_NAME[arch_name], vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    vocab = max(len(tokenizer), VOCAB)  # the toy datasets use ids up to VOCAB
+    config = make_config(BY_NAME[arch_name], vocab_size=vocab, pad_token_id=tokenizer.pad_token_id)
     BY_NAME[arch_name].causal_lm_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
@@ -44,6 +45,10 @@ def context(tmp_path):
         "args": cpu_training_args(tmp_path / "run", max_steps=1, per_device_train_batch_size=4),
         "tokenized": toy_dataset([3, 5, 4, 6], seed=1),
         "data": toy_dataset([3, 5, 4, 6], seed=2),
+        "pairs": [
+            {"chosen_input_ids": a["input_ids"], "rejected_input_ids": b["input_ids"]}
+            for a, b in zip(toy_dataset([3, 5, 4, 6], seed=3), toy_dataset([4, 2, 6, 3], seed=4), strict=True)
+        ],
         "path": causal_lm_folder(tmp_path / "llama", "llama", llama_pad_is_eos()),
         "folder": str(tmp_path / "saved"),
         "name": qwen2,
