@@ -53,11 +53,11 @@ ARCHS = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build(arch, kind, dtype, device, seed=0):
+def build(arch, kind, dtype, device, seed=0, **overrides):
     config_class, extra, stock, stable, attn = ARCHS[arch]
     torch.manual_seed(seed)
     model_class = stable if kind == "stable" else stock
-    model = model_class(config_class(**MID, **extra, attn_implementation=attn))
+    model = model_class(config_class(**{**MID, **overrides}, **extra, attn_implementation=attn))
     return model.to(device=device, dtype=DTYPES[dtype])
 
 
@@ -182,7 +182,7 @@ def train_pass(model, batches, packing, device, losses):
     for sequences, labels in batches:
         if packing:
             features = [{"input_ids": s, "labels": y} for s, y in zip(sequences, labels, strict=True)]
-            batch = stable_models.PackedCollator()(features)
+            batch = stable_models.PackedCollator(max_tokens=None)(features)
         else:
             width = max(len(s) for s in sequences)
             ids = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -245,7 +245,7 @@ def packing_batches(setup, examples, batch_size, max_tokens):
         chunk = [examples[i] for i in order[start : start + batch_size]]
         sequences, labels = [s for s, _ in chunk], torch.stack([y for _, y in chunk])
         if setup.endswith("one row") or setup.endswith("capped rows"):
-            cap = None if setup.endswith("one row") else max_tokens
+            cap = None if setup.endswith("one row") else max_tokens or "longest"
             features = [{"input_ids": s, "labels": y} for s, y in chunk]
             batches.append(stable_models.PackedCollator(max_tokens=cap)(features))
         else:
@@ -267,15 +267,21 @@ def bench_packing(args):
     round by round in one process; ratios to the stock class with plain padding, the ideal (padded / real tokens)
     beside them, and the saved-activation memory of one step."""
     print(
-        f"\n## packing: lengths log-uniform in [8, 512], fp32, train, {args.packing_rounds} alternating rounds, "
-        f"capped rows of {args.max_tokens} tokens"
+        f"\n## packing: lengths log-uniform in [8, 512], fp32, train, hidden {args.packing_hidden}, "
+        f"{args.packing_layers} layers, {args.packing_rounds} alternating rounds after a warm-up round, "
+        f"rows capped at {args.max_tokens or 'the longest example of the batch'} tokens"
     )
     print(
         f"{'arch':7} {'batch':>5} {'setup':22} {'tokens/s':>9} {'vs stock':>8} {'ideal':>6} {'of ideal':>8} "
         f"{'saved MiB':>10} {'loss':>9}"
     )
     for arch in args.archs:
-        models = {kind: build(arch, kind, "fp32", args.device).train() for kind in ("stock", "stable")}
+        size = dict(
+            hidden_size=args.packing_hidden,
+            intermediate_size=args.packing_hidden * 11 // 4,
+            num_hidden_layers=args.packing_layers,
+        )
+        models = {kind: build(arch, kind, "fp32", args.device, **size).train() for kind in ("stock", "stable")}
         for batch_size in args.packing_batch_sizes:
             generator = torch.Generator().manual_seed(batch_size)
             count = batch_size * max(1, args.packing_examples // batch_size)
@@ -296,7 +302,7 @@ def bench_packing(args):
                 del setups["Stable, one row"]
             times = {s: [] for s in setups}
             losses = {}
-            for _ in range(args.packing_rounds):
+            for round_ in range(args.packing_rounds + 1):  # round 0 warms up (allocator, kernels) and is not kept
                 for setup, batches in setups.items():
                     model = models["stock" if setup.startswith("stock") else "stable"]
                     start = time.perf_counter()
@@ -307,7 +313,8 @@ def bench_packing(args):
                         model.zero_grad(set_to_none=True)
                         total += loss.item() * len(batch["labels"])
                     sync(args.device)
-                    times[setup].append(time.perf_counter() - start)
+                    if round_:
+                        times[setup].append(time.perf_counter() - start)
                     losses[setup] = total / count
             for setup in PACKING_SETUPS:
                 if setup not in setups:
@@ -373,10 +380,14 @@ def main():
     parser.add_argument("--throughput-batches", type=int, default=6)
     parser.add_argument("--throughput-repeats", type=int, default=3)
     parser.add_argument("--packing-batch-sizes", nargs="+", type=int, default=[8, 32, 64, 128])
-    parser.add_argument("--packing-examples", type=int, default=128, help="examples per batch size (whole batches)")
+    parser.add_argument("--packing-examples", type=int, default=0, help="examples per batch size (default: one batch)")
     parser.add_argument("--packing-rounds", type=int, default=2)
+    parser.add_argument("--packing-hidden", type=int, default=256, help="hidden size for the packing benchmark")
+    parser.add_argument("--packing-layers", type=int, default=2, help="layers for the packing benchmark")
     parser.add_argument("--one-row-limit", type=int, default=8192, help="skip one-row packing above this row length")
-    parser.add_argument("--max-tokens", type=int, default=stable_models.packing.DEFAULT_MAX_TOKENS)
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="rows of at most N tokens (default: the longest example)"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*without fp32 master weights")  # bf16 weights train on purpose here
     if args.device == "cpu":

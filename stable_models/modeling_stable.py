@@ -1,8 +1,9 @@
 """Self-contained core of stable_models: mask-driven pooling, an fp32 head and loss, safe attention masks.
 
 This file is copied next to a saved checkpoint (remote code), so it imports only torch and transformers.
-Every architecture file combines `StableSequenceClassificationMixin` with the stock
-`*ForSequenceClassification` class. The mixin replaces `forward`, makes the `score` head fp32, checks a local folder
+`Stable<Name>ForSequenceClassification` is `StableSequenceClassificationMixin` put before transformers'
+`<Name>ForSequenceClassification`, built by name on first use (`stable_class`, module `__getattr__`). The mixin
+replaces `forward`, makes the `score` head fp32, guards the mask every decoder layer receives, checks a local folder
 in `from_pretrained` and adds a model card in `save_pretrained`; weights, attributes and outputs stay the stock ones.
 """
 
@@ -137,8 +138,9 @@ LIBRARY_PATHS = tuple(
 
 
 def user_stacklevel() -> int:
-    """The `stacklevel` that makes a warning point at the first frame outside torch, transformers, peft, accelerate
-    and this file: the user's line, not transformers' output wrapper."""
+    """The `stacklevel` that makes a warning point at the first frame outside the installed packages (torch's and
+    transformers' site-packages: also peft, accelerate, Trainer) and this file: the user's line, not transformers'
+    output wrapper."""
     frame, level = inspect.currentframe().f_back, 1
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
@@ -300,7 +302,7 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
     """
     logits = logits.to(at_least_fp32(logits.dtype))
     labels = labels.to(logits.device)
-    problem_type = config.problem_type or infer_problem_type(labels, config.num_labels, logits.shape[0])
+    problem_type = config.problem_type or infer_problem_type(labels, config.num_labels)
     if problem_type == "multi_label_classification" and labels.shape != logits.shape:
         raise ValueError(
             f"multi_label_classification needs labels of shape {tuple(logits.shape)} (one 0/1 target per class), "
@@ -325,7 +327,7 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
     return loss
 
 
-def infer_problem_type(labels, num_labels: int, batch: int) -> str:
+def infer_problem_type(labels, num_labels: int) -> str:
     """The stock class's rule, with integer labels of any width as class ids and a clear error where float labels
     of shape (batch,) leave it ambiguous (class ids stored as floats, or a regression on several outputs)."""
     if num_labels == 1:
@@ -618,8 +620,6 @@ class StableSequenceClassificationMixin:
                     )
                 example_ids, position_ids = packed
                 attention_mask = None
-        if example_index is not None and example_ids is None:
-            raise ValueError("packed_example_index given, but the batch is not packed (no restarting position_ids).")
         padding_mask = None if attention_mask is None else attention_mask != 0
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
@@ -647,15 +647,13 @@ class StableSequenceClassificationMixin:
         query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
         if example_ids is not None:
             pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
-            if example_index is not None:  # back to the order of the features
-                example_index = example_index.to(pooled.device)
-                if not torch.equal(example_index.sort().values, torch.arange(len(pooled), device=pooled.device)):
-                    raise ValueError(
-                        f"packed_example_index must be a permutation of the {len(pooled)} packed examples."
-                    )
-                pooled = torch.empty_like(pooled).index_copy_(0, example_index, pooled)
         else:
             pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
+        if example_index is not None:  # back to the order of the features (rows of one example each: the same)
+            example_index = example_index.to(pooled.device)
+            if not torch.equal(example_index.sort().values, torch.arange(len(pooled), device=pooled.device)):
+                raise ValueError(f"packed_example_index must be a permutation of the {len(pooled)} packed examples.")
+            pooled = torch.empty_like(pooled).index_copy_(0, example_index, pooled)
         if outputs.last_hidden_state.dtype == torch.float16 and not compiling:
             if not torch.isfinite(pooled).all():
                 raise ValueError(

@@ -30,7 +30,7 @@ def packed(sequences, labels=None):
     features = [
         {"input_ids": s} | ({"labels": labels[i]} if labels is not None else {}) for i, s in enumerate(sequences)
     ]
-    return PackedCollator()(features)
+    return PackedCollator(max_tokens=None)(features)  # one row
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
@@ -92,6 +92,12 @@ def test_trainer_with_the_packing_collator(tmp_path):
 
 
 CAPPED_ARCH_ATTN = [(a, attn) for a, attn in ARCH_ATTN if not has_recurrent_layers(a)]
+
+
+def test_default_rows_are_capped_at_the_longest_example():
+    batch = PackedCollator()([{"input_ids": s} for s in random_sequences(LENGTHS)])
+    assert batch["input_ids"].shape == (3, 9)  # 9 | 6+1 | 5+4: no row longer than a padded row would be
+    assert batch["attention_mask"].sum() == sum(LENGTHS)
 
 
 def test_first_fit_decreasing_rows():
