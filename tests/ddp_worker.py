@@ -40,6 +40,7 @@ def main():
         optim="sgd",
         lr_scheduler_type="constant",
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_timeout=120,  # a lost peer fails the test in minutes, not after the default 30
     )
     trainer = SequentialTrainer(
         model=model,
@@ -53,9 +54,13 @@ def main():
         weights = sum(p.detach().double().abs().sum().item() for p in model.parameters())
         with open(args.out, "w") as handle:
             json.dump({"losses": losses, "weights": weights, "world": trainer.args.world_size}, handle)
-    if torch.distributed.is_initialized():  # a gloo group left to the interpreter's exit can abort a rank (SIGABRT)
+    if torch.distributed.is_initialized():
+        # Left to the interpreter's exit, gloo's threads can abort a rank (SIGABRT, "terminate called without an
+        # active exception"); destroy_process_group() once a peer has exited can hang. Meet, then leave at once.
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
