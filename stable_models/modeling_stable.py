@@ -590,8 +590,8 @@ class StableSequenceClassificationMixin:
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         compiling = torch.compiler.is_compiling()  # data-dependent checks and shortcuts would break the graph
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past_length = 0 if cache is None else cache.get_seq_length()
         if not compiling:
-            past_length = 0 if cache is None else cache.get_seq_length()
             check_inputs(self, input_ids, attention_mask, inputs_embeds, labels, past_length)
             if attention_mask is None and input_ids is not None:
                 warn_if_padded_without_mask(self, input_ids)
@@ -609,8 +609,9 @@ class StableSequenceClassificationMixin:
         # padding at the end of a row is a block of its own), and pooling works per example
         example_ids = None
         example_index = kwargs.pop("packed_example_index", None)
+        padding_mask = None if attention_mask is None else attention_mask != 0
         if position_ids is not None and cache is None and not compiling:
-            packed = packed_examples(position_ids, None if attention_mask is None else attention_mask != 0)
+            packed = packed_examples(position_ids, padding_mask)
             if packed is not None:
                 if kinds := recurrent_layer_kinds(self.config):
                     raise ValueError(
@@ -619,19 +620,17 @@ class StableSequenceClassificationMixin:
                         "DataCollatorWithPadding); padding keeps every guarantee for this model."
                     )
                 example_ids, position_ids = packed
-                attention_mask = None
-        padding_mask = None if attention_mask is None else attention_mask != 0
+                attention_mask = padding_mask = None
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
-        backbone_mask = attention_mask
+        backbone_mask = attention_mask  # the backbone builds the masks each layer needs; the guard fixes them
         if padding_mask is not None:
             left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
             if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
                 position_ids = position_ids_from_mask(padding_mask, query_length)
-            backbone_mask = padding_mask.long()  # the backbone builds the masks each layer needs; the guard fixes them
 
         self._mask_guard.cache.clear()
-        self._mask_guard.past_length = cache.get_seq_length() if cache is not None else 0
+        self._mask_guard.past_length = past_length
         try:
             outputs = getattr(self, self.base_model_prefix)(
                 input_ids=input_ids,

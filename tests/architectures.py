@@ -14,6 +14,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 import stable_models
+from stable_models.modeling_stable import RECURRENT_LAYER_KINDS, recurrent_layer_kinds
 
 PAD, EOS, BOS = 0, 1, 2
 VOCAB = 96
@@ -54,7 +55,7 @@ class Arch:
     def mixes_layer_types(self) -> bool:
         """More than one kind of attention mask (full and sliding window); recurrent layers take no such mask."""
         kinds = getattr(make_config(self).get_text_config(), "layer_types", None) or []
-        return len(set(kinds) - RECURRENT_KINDS) > 1
+        return len(set(kinds) - set(RECURRENT_LAYER_KINDS)) > 1
 
     @property
     def attn_implementations(self) -> tuple[str, ...]:
@@ -317,16 +318,13 @@ def cpu_training_args(output_dir, **overrides):
     return transformers.TrainingArguments(str(output_dir), **{**quiet, "remove_unused_columns": False, **overrides})
 
 
-RECURRENT_KINDS = {"linear_attention", "mamba"}  # layers that take the 2-D padding mask and no attention kernel
-
-
 def attention_layer_count(config) -> int:
     """How many layers call an attention kernel (hybrid models also have recurrent / linear-attention layers)."""
     text = config.get_text_config()
     kinds = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None)
     if not kinds:
         return text.num_hidden_layers
-    return sum(kind not in RECURRENT_KINDS for kind in kinds)
+    return sum(kind not in RECURRENT_LAYER_KINDS for kind in kinds)
 
 
 # attention projections: q/v, Phi-3's fused qkv, Qwen3.5's linear-attention qkv (peft needs one to match)
@@ -339,6 +337,4 @@ def is_vision_part(parameter_name: str) -> bool:
 
 
 def has_recurrent_layers(arch: Arch) -> bool:
-    text = make_config(arch).get_text_config()
-    kinds = getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None) or []
-    return any(kind in RECURRENT_KINDS for kind in kinds)
+    return bool(recurrent_layer_kinds(make_config(arch)))
