@@ -444,10 +444,34 @@ def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | 
         check_safetensors(path)
 
 
-def low_precision_trainables(model) -> list[str]:
-    """Trainable parameters stored in bf16/fp16, i.e. trained without fp32 master weights."""
+def fsdp2_sharded_parameters(model) -> dict[tuple[int, str], torch.Tensor]:
+    """(id(module), name) -> the parameter FSDP2 (`fully_shard`) stores for it. During forward FSDP2 swaps each of
+    its parameters for an unsharded copy in the mixed-precision policy's param_dtype; the sharded parameter is what
+    the optimizer updates, i.e. the master weight. Read through FSDP2's internals; empty when they change."""
+    sharded = {}
+    for module in model.modules():
+        state = getattr(module, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            info, param = getattr(fsdp_param, "_module_info", None), getattr(fsdp_param, "sharded_param", None)
+            if info is not None and param is not None:
+                sharded[(id(info.module), info.param_name)] = param
+    return sharded
+
+
+def low_precision_trainables(model) -> list[tuple[str, torch.dtype]]:
+    """Trainable parameters stored in bf16/fp16, i.e. trained without fp32 master weights (under FSDP2: judged by
+    the shards, not by the policy's unsharded copies)."""
     half = (torch.bfloat16, torch.float16)
-    return [name for name, p in model.named_parameters() if p.requires_grad and p.dtype in half]
+    sharded = fsdp2_sharded_parameters(model)
+    found, seen = [], set()
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            stored = sharded.get((id(module), name), param)
+            if id(stored) not in seen and stored.requires_grad and stored.dtype in half:
+                seen.add(id(stored))
+                found.append((f"{module_name}.{name}" if module_name else name, stored.dtype))
+    return found
 
 
 LOW_PRECISION_ADVICE = (
@@ -597,9 +621,9 @@ class StableSequenceClassificationMixin:
                 warn_if_padded_without_mask(self, input_ids)
             if self.training and torch.is_grad_enabled() and not getattr(self, "_low_precision_checked", False):
                 self._low_precision_checked = True  # once, at the first training step
-                if names := low_precision_trainables(self):
-                    dtype = dict(self.named_parameters())[names[0]].dtype
-                    advice = LOW_PRECISION_ADVICE.format(count=len(names), example=names[0], dtype=dtype)
+                if found := low_precision_trainables(self):
+                    (example, dtype) = found[0]
+                    advice = LOW_PRECISION_ADVICE.format(count=len(found), example=example, dtype=dtype)
                     warnings.warn(advice, UserWarning, stacklevel=user_stacklevel())
         tokens = input_ids if input_ids is not None else inputs_embeds
         query_length = tokens.shape[1]

@@ -1,5 +1,6 @@
 """Trainer run used by test_ddp.py: `torchrun --nproc_per_node 2 ddp_worker.py OUT --batch 4 [--packing]` or
-`python ddp_worker.py OUT --batch 8`. Writes the logged loss curve and a weight checksum to OUT (rank 0)."""
+`python ddp_worker.py OUT --batch 8`; `--stock` trains the stock class. Writes the logged loss and grad-norm curves and
+a weight checksum to OUT (rank 0)."""
 
 import argparse
 import json
@@ -28,10 +29,11 @@ def main():
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--packing", action="store_true")
     parser.add_argument("--max-tokens", type=int, default=None, help="with --packing: rows of at most N tokens")
+    parser.add_argument("--stock", action="store_true", help="train the stock class (same weights) instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dataset = toy_dataset([3 + (7 * i) % 11 for i in range(32)], seed=6)
-    model = make_models(BY_NAME["qwen2"])[0]
+    model = make_models(BY_NAME["qwen2"])[1 if args.stock else 0]
     training = cpu_training_args(
         os.path.join(os.path.dirname(args.out), "trainer"),
         per_device_train_batch_size=args.batch,
@@ -50,10 +52,16 @@ def main():
     )
     trainer.train()
     if trainer.is_world_process_zero():
-        losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+        logged = [e for e in trainer.state.log_history if "loss" in e]
         weights = sum(p.detach().double().abs().sum().item() for p in model.parameters())
+        result = {
+            "losses": [e["loss"] for e in logged],
+            "grad_norms": [e["grad_norm"] for e in logged],
+            "weights": weights,
+            "world": trainer.args.world_size,
+        }
         with open(args.out, "w") as handle:
-            json.dump({"losses": losses, "weights": weights, "world": trainer.args.world_size}, handle)
+            json.dump(result, handle)
     if torch.distributed.is_initialized():
         # Left to the interpreter's exit, gloo's threads can abort a rank (SIGABRT, "terminate called without an
         # active exception"); destroy_process_group() once a peer has exited can hang. Meet, then leave at once.

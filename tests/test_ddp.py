@@ -11,9 +11,10 @@ import pytest
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
-def run(tmp_path, name, processes, batch, packing):
+def run(tmp_path, name, processes, batch, packing, stock=False):
     out = tmp_path / f"{name}.json"
     extra = {"padding": [], "one-row": ["--packing"], "capped": ["--packing", "--max-tokens", "16"]}[packing]
+    extra += ["--stock"] if stock else []
     if processes == 1:
         cmd = [sys.executable, str(WORKER), str(out), "--batch", str(batch), *extra]
     else:
@@ -45,4 +46,17 @@ def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
     assert ddp["world"] == 2 and single["world"] == 1
     assert len(ddp["losses"]) == len(single["losses"]) == 4
     assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-4)
+    assert ddp["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)
     assert ddp["weights"] == pytest.approx(single["weights"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_stock_class_logs_twice_the_loss_and_grad_norm_under_two_processes(tmp_path):
+    """The stock loss ignores num_items_in_batch, so Trainer's x num_processes (meant for a loss summed over the
+    global item count) doubles what it logs and the gradient it clips; the Stable rows above log the true values."""
+    single = run(tmp_path, "stock-single", 1, 8, "padding", stock=True)
+    ddp = run(tmp_path, "stock-ddp", 2, 4, "padding", stock=True)
+    true = run(tmp_path, "stable-single", 1, 8, "padding")
+    assert single["losses"][0] == pytest.approx(true["losses"][0], rel=1e-5)  # one process: stock logs the truth
+    assert ddp["losses"] == pytest.approx([2 * loss for loss in single["losses"]], rel=1e-4)
+    assert ddp["grad_norms"] == pytest.approx([2 * norm for norm in single["grad_norms"]], rel=1e-4)

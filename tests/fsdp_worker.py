@@ -1,0 +1,86 @@
+"""FSDP2 run used by test_fsdp.py: `torchrun --nproc_per_node 2 fsdp_worker.py OUT`.
+
+torch's `fully_shard` on gloo (transformers' Trainer runs FSDP only on GPUs), under a bf16 MixedPrecisionPolicy with
+fp32 gradient reduction. Each rank trains on its half of every global batch; rank 0 writes, per scenario, the loss
+curve (all-reduced mean), the logits dtype, the score shards' dtype and the low-precision warnings to OUT.
+"""
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+sys.path.insert(0, os.path.dirname(__file__))
+from architectures import BY_NAME, make_models, pad_batch, random_sequences  # noqa: E402
+
+LR, STEPS, BATCH = 0.01, 4, 8
+BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def global_batches():
+    """STEPS left-padded batches of BATCH examples (lengths 3..12, 3 classes), the same in every process."""
+    generator = torch.Generator().manual_seed(0)
+    for step in range(STEPS):
+        lengths = torch.randint(3, 13, (BATCH,), generator=generator).tolist()
+        ids, mask = pad_batch(random_sequences(lengths, seed=step), "left")
+        yield ids, mask, torch.randint(0, 3, (BATCH,), generator=generator)
+
+
+def run(arch_name: str, kind: str, stored_dtype: torch.dtype) -> dict:
+    stable, stock = make_models(BY_NAME[arch_name])
+    model = (stable if kind == "stable" else stock).to(stored_dtype).train()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=BF16_POLICY)
+    if stored_dtype != torch.float32:
+        # one FSDP group needs one stored dtype: the fp32 head of a bf16-stored model is a group of its own
+        fully_shard(model.score, mp_policy=BF16_POLICY)
+    fully_shard(model, mp_policy=BF16_POLICY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses, logits_dtypes, messages = [], set(), []
+    for ids, mask, labels in global_batches():
+        part = slice(rank * len(ids) // world, (rank + 1) * len(ids) // world)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model(input_ids=ids[part], attention_mask=mask[part], labels=labels[part])
+        messages += [str(w.message) for w in caught if "master weights" in str(w.message)]
+        logits_dtypes.add(str(out.logits.dtype))
+        out.loss.backward()  # FSDP2 reduce-scatters the mean gradient over ranks
+        optimizer.step()
+        optimizer.zero_grad()
+        loss = out.loss.detach().float()
+        dist.all_reduce(loss)
+        losses.append(loss.item() / world)
+    return {
+        "losses": losses,
+        "logits_dtypes": sorted(logits_dtypes),
+        "score_shard_dtype": str(model.score.weight.dtype),
+        "score_is_sharded": type(model.score.weight).__name__ == "DTensor",
+        "warnings": messages,
+    }
+
+
+def main():
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    results = {
+        f"{arch}/{kind}/{dtype}": run(arch, kind, getattr(torch, dtype))
+        for arch in ("qwen2", "gemma2")
+        for kind, dtype in (("stable", "float32"), ("stock", "float32"), ("stable", "bfloat16"))
+    }
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as handle:
+            json.dump({"world": dist.get_world_size(), "results": results}, handle)
+    # as in ddp_worker.py: meet, then leave at once (gloo teardown at interpreter exit can abort or hang)
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
