@@ -265,7 +265,7 @@ PACKING_SETUPS = (
 def bench_packing(args):
     """Real tokens/s (forward+backward) at growing batch sizes, every setup on the same examples, setups alternating
     round by round in one process; ratios to the stock class with plain padding, the ideal (padded / real tokens)
-    beside them, and the saved-activation memory of one step."""
+    beside them, and the saved-activation memory of the largest step (measured in the warm-up round)."""
     print(
         f"\n## packing: lengths log-uniform in [8, 512], fp32, train, hidden {args.packing_hidden}, "
         f"{args.packing_layers} layers, {args.packing_rounds} alternating rounds after a warm-up round, "
@@ -301,17 +301,27 @@ def bench_packing(args):
             if longest_row > args.one_row_limit:  # eager/sdpa materialise a dense row x row mask and scores
                 del setups["Stable, one row"]
             times = {s: [] for s in setups}
-            losses = {}
-            for round_ in range(args.packing_rounds + 1):  # round 0 warms up (allocator, kernels) and is not kept
+            losses, memory = {}, {}
+            for round_ in range(args.packing_rounds + 1):  # round 0 warms up and measures memory; not timed
                 for setup, batches in setups.items():
                     model = models["stock" if setup.startswith("stock") else "stable"]
                     start = time.perf_counter()
                     total = 0.0
                     for batch in batches:
-                        loss = model(**{k: v.to(args.device) for k, v in batch.items()}).loss
-                        loss.backward()
+                        batch = {k: v.to(args.device) for k, v in batch.items()}
+                        losses_here = []
+
+                        def step(model=model, batch=batch, out=losses_here):
+                            loss = model(**batch).loss
+                            loss.backward()
+                            out.append(loss.item())
+
+                        if round_ == 0:  # the largest batch's memory, not the first's
+                            memory[setup] = max(memory.get(setup, 0), peak_bytes(step, args.device, True) / 2**20)
+                        else:
+                            step()
                         model.zero_grad(set_to_none=True)
-                        total += loss.item() * len(batch["labels"])
+                        total += losses_here[0] * len(batch["labels"])
                     sync(args.device)
                     if round_:
                         times[setup].append(time.perf_counter() - start)
@@ -326,15 +336,11 @@ def bench_packing(args):
                         flush=True,
                     )
                     continue
-                model = models["stock" if setup.startswith("stock") else "stable"]
-                first = {k: v.to(args.device) for k, v in setups[setup][0].items()}
-                memory = peak_bytes(lambda m=model, b=first: m(**b).loss.backward(), args.device, True) / 2**20
-                model.zero_grad(set_to_none=True)
                 speed = real / statistics.median(times[setup])
                 base = real / statistics.median(times["stock, padding"])
                 print(
                     f"{arch:7} {batch_size:5} {setup:22} {speed:9.0f} {speed / base:7.2f}x {ideal:5.2f}x "
-                    f"{speed / base / ideal:7.0%} {memory:10.1f} {losses[setup]:9.5f}",
+                    f"{speed / base / ideal:7.0%} {memory[setup]:10.1f} {losses[setup]:9.5f}",
                     flush=True,
                 )
 

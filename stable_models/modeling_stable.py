@@ -366,6 +366,69 @@ the guarantees). Check with `type(model).__name__ == "{name}"`.
 """
 
 
+# Serving engines read a classifier's pooling from sentence-transformers files, not from config.json: vLLM's
+# get_pooling_config takes the seq pooling from the Pooling module's config.json (last-token without one) and its
+# activation from whether a Normalize module is listed. Written for `pooling="mean"` checkpoints only.
+SENTENCE_TRANSFORMERS_MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+POOLING_FLAGS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+
+
+def write_pooling_files(folder: str, pooling: str, hidden_size: int) -> None:
+    """A mean-pooled checkpoint carries modules.json + 1_Pooling/config.json (mean) so vLLM pools as we do (its
+    default is the last token); a last-pooled one needs none, and files written here earlier are removed."""
+    modules = os.path.join(folder, "modules.json")
+    if pooling == "mean":
+        os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+        os.makedirs(os.path.join(folder, "2_Normalize"), exist_ok=True)
+        flags = {f"pooling_mode_{flag}": flag == "mean_tokens" for flag in POOLING_FLAGS}
+        with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as handle:
+            json.dump({"word_embedding_dimension": hidden_size, **flags, "include_prompt": True}, handle, indent=2)
+        with open(modules, "w") as handle:
+            json.dump(SENTENCE_TRANSFORMERS_MODULES, handle, indent=2)
+        return
+    try:
+        with open(modules) as handle:
+            ours = json.load(handle) == SENTENCE_TRANSFORMERS_MODULES
+    except (OSError, ValueError):
+        ours = False
+    if ours:  # a stale mean-pooling declaration in a folder this checkpoint now overwrites
+        os.remove(modules)
+        for path in (os.path.join(folder, "1_Pooling", "config.json"), os.path.join(folder, "2_Normalize")):
+            if os.path.isfile(path):
+                os.remove(path)
+        for path in (os.path.join(folder, "1_Pooling"), os.path.join(folder, "2_Normalize")):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+
+
+def tokenizer_pad_token_id(*sources) -> int | None:
+    """The pad id of the first tokenizer found locally at one of these folders or cached hub ids (no download)."""
+    from transformers import AutoTokenizer  # only when a checkpoint is saved without pad_token_id
+
+    for source in sources:
+        if not source:
+            continue
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        except Exception:  # no tokenizer there: try the next source
+            continue
+        if getattr(tokenizer, "pad_token_id", None) is not None:
+            return tokenizer.pad_token_id
+    return None
+
+
+NO_PAD_TOKEN_ID = (
+    "{name}.save_pretrained({folder!r}): config.json gets no pad_token_id and no tokenizer with a pad token was "
+    "found next to the model or where it was loaded from. This model pools by attention_mask and does not need it, "
+    "but serving engines (TEI, infinity) and the stock class refuse batches of more than one text without it. Call "
+    "stable_models.setup_pad_token(tokenizer, model) (or set model.config.pad_token_id) before saving."
+)
+
+
 def _fail(path, problem, fix):
     raise ValueError(f"{path}: {problem}. {fix}")
 
@@ -581,10 +644,32 @@ class StableSequenceClassificationMixin:
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """The stock save (which also writes auto_map and copies this code), plus a model card if none exists."""
+        """The stock save (which also writes auto_map and copies this code), with the pad_token_id serving engines
+        need (from a tokenizer next to the model or where it came from), the pooling files vLLM reads for a mean
+        pooled checkpoint, and a model card if none exists."""
+        main_process = kwargs.get("is_main_process", True)
+        configs = {id(c): c for c in (self.config, self.config.get_text_config())}.values()
+        if main_process and any(c.pad_token_id is None for c in configs):
+            pad = next((c.pad_token_id for c in configs if c.pad_token_id is not None), None)
+            pad = pad if pad is not None else tokenizer_pad_token_id(save_directory, self.config._name_or_path)
+            if pad is None and not getattr(self, "_warned_no_pad_token_id", False):
+                self._warned_no_pad_token_id = True  # once, not at every Trainer checkpoint
+                warnings.warn(
+                    NO_PAD_TOKEN_ID.format(name=type(self).__name__, folder=str(save_directory)),
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
+            for config in configs:
+                if config.pad_token_id is None:
+                    config.pad_token_id = pad
         super().save_pretrained(save_directory, *args, **kwargs)
+        if not main_process:
+            return
+        write_pooling_files(
+            str(save_directory), self.config.classifier_pooling, self.config.get_text_config().hidden_size
+        )
         card = os.path.join(save_directory, "README.md")
-        if kwargs.get("is_main_process", True) and not os.path.exists(card):
+        if not os.path.exists(card):
             stock = next(
                 c
                 for c in type(self).__mro__[1:]

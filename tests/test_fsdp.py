@@ -57,8 +57,8 @@ def max_gap(a: list[float], b: list[float]) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
 def test_fsdp2_bf16_policy_keeps_the_head_fp32_and_the_loss_curve(fsdp_results, arch_name):
-    stable = fsdp_results[2][f"{arch_name}/stable/float32"]
-    stock = fsdp_results[2][f"{arch_name}/stock/float32"]
+    stable = fsdp_results[2][f"{arch_name}/stable/float32/bf16"]
+    stock = fsdp_results[2][f"{arch_name}/stock/float32/bf16"]
     assert stable["score_is_sharded"] and stable["score_shard_dtype"] == "torch.float32"
     assert stable["logits_dtypes"] == ["torch.float32"]
     assert stock["logits_dtypes"] == ["torch.bfloat16"]  # the stock head runs in the policy's bf16
@@ -67,7 +67,7 @@ def test_fsdp2_bf16_policy_keeps_the_head_fp32_and_the_loss_curve(fsdp_results, 
 
     # bf16 noise = how far the bf16 policy itself moves one process's curve from the fp32 run
     fp32 = one_process_fp32_curve(arch_name)
-    whole_batch = fsdp_results[1][f"{arch_name}/stable/float32"]["losses"]
+    whole_batch = fsdp_results[1][f"{arch_name}/stable/float32/bf16"]["losses"]
     noise = max_gap(whole_batch, fp32)
     assert 0 < noise < 0.1
     # two processes with half the batch each: as close to the fp32 curve as bf16 allows, so within twice that noise
@@ -80,6 +80,17 @@ def test_fsdp2_bf16_policy_keeps_the_head_fp32_and_the_loss_curve(fsdp_results, 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
 def test_fsdp2_still_warns_when_the_shards_themselves_are_bf16(fsdp_results, arch_name):
-    bf16_stored = fsdp_results[2][f"{arch_name}/stable/bfloat16"]
+    bf16_stored = fsdp_results[2][f"{arch_name}/stable/bfloat16/bf16"]
     assert len(bf16_stored["warnings"]) == 1 and "torch.bfloat16" in bf16_stored["warnings"][0]
     assert bf16_stored["score_shard_dtype"] == "torch.float32"  # the head itself stays fp32 even then
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
+def test_accelerates_default_bf16_policy_casts_the_outputs_to_bf16(fsdp_results, arch_name):
+    """accelerate's FSDP2 policy for mixed_precision="bf16" has output_dtype=bf16: FSDP2 casts the returned logits
+    and loss to bf16 after the fp32 head computed them (the README says which policy to pass instead)."""
+    default = fsdp_results[2][f"{arch_name}/stable/float32/accelerate-bf16"]
+    assert default["logits_dtypes"] == ["torch.bfloat16"] and default["loss_dtypes"] == ["torch.bfloat16"]
+    ours = fsdp_results[2][f"{arch_name}/stable/float32/bf16"]
+    assert ours["logits_dtypes"] == ["torch.float32"] and ours["loss_dtypes"] == ["torch.float32"]

@@ -21,7 +21,7 @@ from test_masks import RECORDED, probes  # noqa: F401  (the fixture registers th
 from transformers import Trainer
 
 from stable_models import PackedCollator
-from stable_models.packing import first_fit_decreasing
+from stable_models.packing import first_fit_decreasing, rows_near_the_longest
 
 LENGTHS = [9, 4, 6, 1, 5]
 
@@ -98,6 +98,27 @@ def test_default_rows_are_capped_at_the_longest_example():
     batch = PackedCollator()([{"input_ids": s} for s in random_sequences(LENGTHS)])
     assert batch["input_ids"].shape == (3, 9)  # 9 | 6+1 | 5+4: no row longer than a padded row would be
     assert batch["attention_mask"].sum() == sum(LENGTHS)
+
+
+def test_default_rows_grow_a_little_where_that_saves_a_row():
+    lengths = [400, 300, 200, 150, 100, 50, 20, 10]  # at 400: 400 | 300+100 | 200+150+50 | 20+10, 4 rows
+    assert len(first_fit_decreasing(lengths, 400)) == 4
+    rows = rows_near_the_longest(lengths)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    assert len(rows) == 3 and width <= 420  # 3 x 420 tokens instead of 4 x 400, and less attention work
+    assert len(rows) * width**2 < 4 * 400**2
+
+
+def test_default_rows_never_cost_more_than_padding_or_the_plain_packing():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        count = int(torch.randint(2, 40, (), generator=generator))
+        lengths = torch.randint(1, 300, (count,), generator=generator).tolist()
+        plain, rows = first_fit_decreasing(lengths, max(lengths)), rows_near_the_longest(lengths)
+        assert sorted(i for row in rows for i in row) == list(range(count))
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        assert len(rows) * width <= len(plain) * max(lengths) <= count * max(lengths)  # tokens (activations)
+        assert len(rows) * width**2 <= len(plain) * max(lengths) ** 2  # attention work and score memory
 
 
 def test_first_fit_decreasing_rows():

@@ -11,20 +11,22 @@ from transformers import pipeline
 import stable_models
 
 
-@pytest.fixture
-def folder(tmp_path):
+@pytest.fixture(params=["left", "right"])
+def folder(tmp_path, request):
     tokenizer = qwen2_like()
     torch.manual_seed(0)
     config = make_config(BY_NAME["qwen2"], vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
     stable_models.StableQwen2ForSequenceClassification(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    return tmp_path
+    return tmp_path, request.param
 
 
 def test_pipeline_is_quiet_and_batching_changes_nothing(folder, caplog):
+    folder, padding_side = folder
     texts = ["the film was great", "dull", "not good and not bad", "i loved it"]
     with caplog.at_level(logging.WARNING, logger="transformers"):
         classify = pipeline("text-classification", model=str(folder), trust_remote_code=True, top_k=None)
+        classify.tokenizer.padding_side = padding_side
         batched = classify(texts, batch_size=4)
     assert type(classify.model).__name__ == "StableQwen2ForSequenceClassification"
     assert not [r for r in caplog.records if "is not supported for" in r.getMessage()]
