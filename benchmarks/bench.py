@@ -269,7 +269,7 @@ def bench_packing(args):
     print(
         f"\n## packing: lengths log-uniform in [8, 512], fp32, train, hidden {args.packing_hidden}, "
         f"{args.packing_layers} layers, {args.packing_rounds} alternating rounds after a warm-up round, "
-        f"rows capped at {args.max_tokens or 'the longest example of the batch'} tokens"
+        + (f"rows capped at {args.max_tokens} tokens" if args.max_tokens else "rows near the longest example (default)")
     )
     print(
         f"{'arch':7} {'batch':>5} {'setup':22} {'tokens/s':>9} {'vs stock':>8} {'ideal':>6} {'of ideal':>8} "

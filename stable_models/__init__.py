@@ -18,6 +18,7 @@ from .registry import (
     supported_model_types,
     unregister,
 )
+from .reward import get_reward
 from .tokenization import setup_pad_token
 from .training import NonFiniteError, NonFiniteGuard, StopOnNonFinite
 
@@ -42,6 +43,7 @@ __all__ = [
     "bradley_terry_loss",
     "check_checkpoint",
     "from_pretrained",
+    "get_reward",
     "register",
     "registered",
     "setup_pad_token",

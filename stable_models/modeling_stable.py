@@ -522,10 +522,22 @@ def fsdp2_sharded_parameters(model) -> dict[tuple[int, str], torch.Tensor]:
     return sharded
 
 
+def deepspeed_mixed_precision() -> bool:
+    """DeepSpeed in bf16/fp16 mode, set up through transformers (as Trainer does): its optimizer updates fp32 copies
+    of the half-precision parameters, i.e. keeps fp32 master weights."""
+    from transformers.integrations.deepspeed import deepspeed_config
+
+    config = deepspeed_config() or {}
+    return any(config.get(key, {}).get("enabled") in (True, "auto") for key in ("bf16", "fp16"))
+
+
 def low_precision_trainables(model) -> list[tuple[str, torch.dtype]]:
     """Trainable parameters stored in bf16/fp16, i.e. trained without fp32 master weights (under FSDP2: judged by
-    the shards, not by the policy's unsharded copies)."""
+    the shards, not by the policy's unsharded copies; under DeepSpeed's bf16/fp16 modes none, its optimizer keeps
+    fp32 copies)."""
     half = (torch.bfloat16, torch.float16)
+    if deepspeed_mixed_precision():
+        return []
     sharded = fsdp2_sharded_parameters(model)
     found, seen = [], set()
     for module_name, module in model.named_modules():

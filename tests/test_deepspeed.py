@@ -1,0 +1,80 @@
+"""DeepSpeed ZeRO-3 on CPU (2 gloo processes, DS_ACCELERATOR=cpu): a new `score` is created and initialised with its
+parameters gathered (ms-swift#9190, transformers#43847), training steps run, and the head stays an fp32 computation
+under DeepSpeed's bf16 mode, which keeps fp32 master weights itself (so no low-precision warning)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from architectures import BY_NAME, make_config, make_models
+
+WORKER = Path(__file__).with_name("deepspeed_worker.py")
+QWEN2 = BY_NAME["qwen2"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("deepspeed")
+    torch.manual_seed(0)
+    QWEN2.causal_lm_class(make_config(QWEN2)).save_pretrained(folder / "lm")
+    make_models(QWEN2)[0].save_pretrained(folder / "classifier")
+    return folder
+
+
+def launch(folders, precision):
+    out = folders / f"{precision}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [*cmd, str(folders), str(out), precision], env=env, capture_output=True, text=True, timeout=600
+    )
+    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{output}"
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def fp32(folders):
+    return launch(folders, "fp32")
+
+
+@pytest.fixture(scope="module")
+def bf16(folders):
+    return launch(folders, "bf16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["stable", "stock"])
+def test_a_new_score_is_initialised_with_its_parameters_gathered(fp32, kind):
+    new = fp32[f"{kind}/lm"]
+    assert new["partitioned"]  # ZeRO-3 built the class: the local shard of score is empty
+    initializer_range = make_config(QWEN2).initializer_range
+    assert 0.5 * initializer_range < new["score_std"] < 1.5 * initializer_range  # not zeros, not a shard's garbage
+
+
+@pytest.mark.slow
+def test_zero3_training_step_gives_the_plain_fp32_loss(fp32, folders):
+    stable = fp32["stable/classifier"]
+    model = QWEN2.stable_class.from_pretrained(folders / "classifier").train()
+    import deepspeed_worker
+
+    reference = model(
+        input_ids=deepspeed_worker.IDS, attention_mask=deepspeed_worker.MASK, labels=deepspeed_worker.LABELS
+    )
+    assert stable["logits_dtype"] == "torch.float32"
+    assert stable["loss"] == pytest.approx(reference.loss.item(), abs=1e-5)
+    assert stable["warnings"] == []
+
+
+@pytest.mark.slow
+def test_zero3_bf16_keeps_the_head_fp32_and_warns_nothing_false(bf16):
+    stable, stock = bf16["stable/classifier"], bf16["stock/classifier"]
+    assert stable["partitioned"]
+    assert stable["logits_dtype"] == stable["loss_dtype"] == "torch.float32"
+    assert stock["logits_dtype"] == "torch.bfloat16"  # the stock head runs in bf16 there
+    # DeepSpeed's bf16 mode keeps fp32 master weights in its optimizer: the bf16 parameters are compute copies
+    assert stable["warnings"] == []
