@@ -56,6 +56,19 @@ def context(tmp_path):
     }
 
 
+def run_in_one_process_group(code, namespace):
+    import socket
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        exec(code, namespace)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_there_are_blocks_to_run():
     assert len(BLOCKS) >= 5 and "path/to/Qwen2.5-0.5B" in BLOCKS[0]
 
@@ -74,6 +87,11 @@ def test_fragment_runs_with_what_the_text_gives(index, context):
     code = BLOCKS[index]
     if "Trainer(" in code and "data_collator" not in code:
         code = code.replace("Trainer(", "Trainer(data_collator=collate_left, ", 1)  # the user's own collator
+    if "fully_shard(" in code:  # FSDP2 needs a process group: one gloo process
+        run_in_one_process_group(code, namespace)
+        ids = torch.tensor([[5, 6, 7, 8]])
+        assert namespace["model"](ids, labels=torch.tensor([1])).logits.dtype == torch.float32
+        return
     exec(code, namespace)
     if re.search(r"^trainer = Trainer\(", code, re.M):
         namespace["trainer"].train()
