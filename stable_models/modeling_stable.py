@@ -661,8 +661,8 @@ class StableSequenceClassificationMixin:
         pooled checkpoint, and a model card if none exists."""
         main_process = kwargs.get("is_main_process", True)
         configs = {id(c): c for c in (self.config, self.config.get_text_config())}.values()
-        if main_process and any(c.pad_token_id is None for c in configs):
-            pad = next((c.pad_token_id for c in configs if c.pad_token_id is not None), None)
+        if main_process and any(getattr(c, "pad_token_id", None) is None for c in configs):
+            pad = next((c.pad_token_id for c in configs if getattr(c, "pad_token_id", None) is not None), None)
             pad = pad if pad is not None else tokenizer_pad_token_id(save_directory, self.config._name_or_path)
             if pad is None and not getattr(self, "_warned_no_pad_token_id", False):
                 self._warned_no_pad_token_id = True  # once, not at every Trainer checkpoint
@@ -672,7 +672,7 @@ class StableSequenceClassificationMixin:
                     stacklevel=user_stacklevel(),
                 )
             for config in configs:
-                if config.pad_token_id is None:
+                if pad is not None and getattr(config, "pad_token_id", None) is None:
                     config.pad_token_id = pad
         super().save_pretrained(save_directory, *args, **kwargs)
         if not main_process:
