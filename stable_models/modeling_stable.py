@@ -522,6 +522,16 @@ def fsdp2_sharded_parameters(model) -> dict[tuple[int, str], torch.Tensor]:
     return sharded
 
 
+def initialize_gathered(model, module) -> None:
+    """Initialise a new module of a ZeRO-3 model with its parameters gathered: transformers 4.57 initialises a
+    missing `score` while it is partitioned, leaving zeros or uninitialised memory (transformers#43847)."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
+        if torch.distributed.get_rank() == 0:  # rank 0 writes; GatheredParameters scatters it to the others
+            model._init_weights(module)
+
+
 def deepspeed_mixed_precision() -> bool:
     """DeepSpeed in bf16/fp16 mode, set up through transformers (as Trainer does): its optimizer updates fp32 copies
     of the half-precision parameters, i.e. keeps fp32 master weights."""
@@ -653,7 +663,15 @@ class StableSequenceClassificationMixin:
                 require_auto_map=False,
                 pooling=kwargs.get("pooling"),
             )
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        if not is_deepspeed_zero3_enabled():
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        if any(key.split(".")[-2:-1] == ["score"] for key in info["missing_keys"]):
+            initialize_gathered(model, model.score)
+        return (model, info) if wants_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """The stock save (which also writes auto_map and copies this code), with the pad_token_id serving engines

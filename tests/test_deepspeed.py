@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from architectures import BY_NAME, make_config, make_models
 
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
@@ -47,13 +48,21 @@ def bf16(folders):
     return launch(folders, "bf16")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["stable", "stock"])
-def test_a_new_score_is_initialised_with_its_parameters_gathered(fp32, kind):
-    new = fp32[f"{kind}/lm"]
-    assert new["partitioned"]  # ZeRO-3 built the class: the local shard of score is empty
+def initialised(std: float) -> bool:
     initializer_range = make_config(QWEN2).initializer_range
-    assert 0.5 * initializer_range < new["score_std"] < 1.5 * initializer_range  # not zeros, not a shard's garbage
+    return 0.5 * initializer_range < std < 1.5 * initializer_range  # not zeros, not uninitialised memory
+
+
+@pytest.mark.slow
+def test_a_new_score_is_initialised_with_its_parameters_gathered(fp32):
+    new = fp32["stable/lm"]
+    assert new["partitioned"]  # ZeRO-3 built the class: the local shard of score is empty
+    assert initialised(new["score_std"]), new["score_std"]
+    stock = fp32["stock/lm"]["score_std"]
+    # transformers 5.x initialises the stock class's new score gathered too; 4.57 does not (measured there: std
+    # 1.7e37, uninitialised memory, and 7e-9 for the Stable class before it re-initialised the head gathered)
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert initialised(stock), stock
 
 
 @pytest.mark.slow

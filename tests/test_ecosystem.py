@@ -31,6 +31,8 @@ def reward_trainer(model, tokenizer, tmp_path):
         use_cpu=True,
         save_strategy="no",
         seed=0,
+        bf16=False,  # TRL's configs default to bf16 where supported (CPU too); fp32 here, and accelerate's
+        # process-wide state would keep a bf16 setting for every later Trainer in this process
     )
     data = datasets.Dataset.from_dict({"chosen": CHOSEN, "rejected": REJECTED})
     return trl.RewardTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
