@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import struct
+import sys
 import warnings
 
 import torch
@@ -524,9 +525,10 @@ def fsdp2_sharded_parameters(model) -> dict[tuple[int, str], torch.Tensor]:
 
 def initialize_gathered(model, module) -> None:
     """Initialise a new module of a ZeRO-3 model with its parameters gathered: transformers 4.57 initialises a
-    missing `score` while it is partitioned, leaving zeros or uninitialised memory (transformers#43847)."""
-    import deepspeed
-
+    missing `score` while it is partitioned, leaving zeros or uninitialised memory (transformers#43847). Only
+    called with ZeRO-3 enabled, i.e. with deepspeed already imported by transformers (this file, copied as remote
+    code, imports nothing beyond torch and transformers)."""
+    deepspeed = sys.modules["deepspeed"]
     with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0):
         if torch.distributed.get_rank() == 0:  # rank 0 writes; GatheredParameters scatters it to the others
             model._init_weights(module)
