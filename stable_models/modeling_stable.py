@@ -398,9 +398,9 @@ def write_pooling_files(folder: str, pooling: str, hidden_size: int) -> None:
         ours = False
     if ours:  # a stale mean-pooling declaration in a folder this checkpoint now overwrites
         os.remove(modules)
-        for path in (os.path.join(folder, "1_Pooling", "config.json"), os.path.join(folder, "2_Normalize")):
-            if os.path.isfile(path):
-                os.remove(path)
+        pooling_config = os.path.join(folder, "1_Pooling", "config.json")
+        if os.path.isfile(pooling_config):
+            os.remove(pooling_config)
         for path in (os.path.join(folder, "1_Pooling"), os.path.join(folder, "2_Normalize")):
             if os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
@@ -681,8 +681,9 @@ class StableSequenceClassificationMixin:
         pooled checkpoint, and a model card if none exists."""
         main_process = kwargs.get("is_main_process", True)
         configs = {id(c): c for c in (self.config, self.config.get_text_config())}.values()
-        if main_process and any(getattr(c, "pad_token_id", None) is None for c in configs):
-            pad = next((c.pad_token_id for c in configs if getattr(c, "pad_token_id", None) is not None), None)
+        pads = [getattr(c, "pad_token_id", None) for c in configs]  # a multimodal top level may have none at all
+        if main_process and None in pads:
+            pad = next((p for p in pads if p is not None), None)
             pad = pad if pad is not None else tokenizer_pad_token_id(save_directory, self.config._name_or_path)
             if pad is None and not getattr(self, "_warned_no_pad_token_id", False):
                 self._warned_no_pad_token_id = True  # once, not at every Trainer checkpoint

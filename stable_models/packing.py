@@ -47,8 +47,8 @@ def rows_near_the_longest(lengths: list[int]) -> list[list[int]]:
         return max(sum(lengths[i] for i in row) for row in rows)
 
     best = first_fit_decreasing(lengths, longest)
-    best_tokens = len(best) * width(best)
-    attention_limit = len(best) * width(best) ** 2
+    best_tokens = len(best) * longest  # the longest example fills its row
+    attention_limit = best_tokens * longest
     for count in range(len(best) - 1, 0, -1):
         floor = max(longest, -(-total // count))
         if count * floor**2 > attention_limit:
@@ -57,9 +57,9 @@ def rows_near_the_longest(lengths: list[int]) -> list[list[int]]:
             rows = first_fit_decreasing(lengths, floor + step * max(1, floor // 32))
             if len(rows) <= count:
                 break
-        if len(rows) <= count and len(rows) * width(rows) ** 2 <= attention_limit:
-            if len(rows) * width(rows) < best_tokens:
-                best, best_tokens = rows, len(rows) * width(rows)
+        tokens = len(rows) * width(rows)
+        if len(rows) <= count and tokens * width(rows) <= attention_limit and tokens < best_tokens:
+            best, best_tokens = rows, tokens
     return best
 
 

@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from architectures import BY_NAME, collate_left, cpu_training_args, make_models, toy_dataset  # noqa: E402
+from distributed import leave_process_group  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
 from stable_models import PackedCollator  # noqa: E402
@@ -63,12 +64,7 @@ def main():
         with open(args.out, "w") as handle:
             json.dump(result, handle)
     if torch.distributed.is_initialized():
-        # Left to the interpreter's exit, gloo's threads can abort a rank (SIGABRT, "terminate called without an
-        # active exception"); destroy_process_group() once a peer has exited can hang. Meet, then leave at once.
-        torch.distributed.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave_process_group()
 
 
 if __name__ == "__main__":

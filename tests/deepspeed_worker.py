@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO-3 on CPU, used by test_deepspeed.py:
-`DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 deepspeed_worker.py FOLDER OUT {fp32,bf16}`.
+`DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 deepspeed_worker.py OUT FOLDER {fp32,bf16}`.
 
 FOLDER holds `lm/` (a generative checkpoint: loading it as a classifier initialises a new `score`) and `classifier/`
 (a saved Stable classifier). The classes are built under ZeRO-3 (`HfDeepSpeedConfig` alive before `from_pretrained`,
@@ -19,6 +19,7 @@ from transformers.integrations import HfDeepSpeedConfig
 
 sys.path.insert(0, os.path.dirname(__file__))
 from architectures import BY_NAME  # noqa: E402
+from distributed import leave_process_group  # noqa: E402
 
 IDS = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 0, 11, 12, 13], [14, 15, 16, 17, 18, 19], [0, 20, 21, 22, 23, 24]])
 MASK = (IDS != 0).long()
@@ -63,7 +64,7 @@ def run(cls, folder: str, config: dict) -> dict:
 
 
 def main():
-    folder, out, precision = sys.argv[1:4]
+    out, folder, precision = sys.argv[1:4]
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     config = ds_config(precision)
@@ -76,10 +77,7 @@ def main():
     if torch.distributed.get_rank() == 0:
         with open(out, "w") as handle:
             json.dump(results, handle)
-    torch.distributed.barrier()  # as in ddp_worker.py: meet, then leave at once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_process_group()
 
 
 if __name__ == "__main__":

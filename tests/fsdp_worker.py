@@ -16,6 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path.insert(0, os.path.dirname(__file__))
 from architectures import BY_NAME, make_models, pad_batch, random_sequences  # noqa: E402
+from distributed import leave_process_group  # noqa: E402
 
 LR, STEPS, BATCH = 0.01, 4, 8
 BF16_POLICY = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -84,11 +85,7 @@ def main():
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as handle:
             json.dump({"world": dist.get_world_size(), "results": results}, handle)
-    # as in ddp_worker.py: meet, then leave at once (gloo teardown at interpreter exit can abort or hang)
-    dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -1,41 +1,17 @@
 """Two gloo DDP processes (torchrun) with batch B give the loss curve of one process with batch 2B."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from distributed import run_worker
 
 WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def run(tmp_path, name, processes, batch, packing, stock=False):
-    out = tmp_path / f"{name}.json"
     extra = {"padding": [], "one-row": ["--packing"], "capped": ["--packing", "--max-tokens", "16"]}[packing]
     extra += ["--stock"] if stock else []
-    if processes == 1:
-        cmd = [sys.executable, str(WORKER), str(out), "--batch", str(batch), *extra]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",  # rendezvous on a port the OS picks: a fixed port can still be held by an earlier run
-            "--nproc_per_node",
-            str(processes),
-            str(WORKER),
-            str(out),
-            "--batch",
-            str(batch),
-            *extra,
-        ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{output}"
-    return json.loads(out.read_text())
+    return run_worker(WORKER, tmp_path / f"{name}.json", "--batch", str(batch), *extra, processes=processes)
 
 
 @pytest.mark.slow

@@ -2,16 +2,13 @@
 parameters gathered (ms-swift#9190, transformers#43847), training steps run, and the head stays an fp32 computation
 under DeepSpeed's bf16 mode, which keeps fp32 master weights itself (so no low-precision warning)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from architectures import BY_NAME, make_config, make_models
+from distributed import run_worker
 
 WORKER = Path(__file__).with_name("deepspeed_worker.py")
 QWEN2 = BY_NAME["qwen2"]
@@ -28,14 +25,7 @@ def folders(tmp_path_factory):
 
 def launch(folders, precision):
     out = folders / f"{precision}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run(
-        [*cmd, str(folders), str(out), precision], env=env, capture_output=True, text=True, timeout=600
-    )
-    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{output}"
-    return json.loads(out.read_text())
+    return run_worker(WORKER, out, str(folders), precision, env={"DS_ACCELERATOR": "cpu"})
 
 
 @pytest.fixture(scope="module")

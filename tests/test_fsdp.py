@@ -2,29 +2,19 @@
 no false low-precision warning (a bf16-stored model still gets it), and the loss curve of one process with the whole
 batch within bf16 noise."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import fsdp_worker
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import fsdp_worker  # noqa: E402
-from architectures import BY_NAME, make_models  # noqa: E402
+from architectures import BY_NAME, make_models
+from distributed import run_worker
 
 WORKER = Path(fsdp_worker.__file__)
 
 
 def launch(out: Path, processes: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([*cmd, str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=600)
-    output = f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{output}"
-    results = json.loads(out.read_text())
+    results = run_worker(WORKER, out, processes=processes, torchrun=True)  # the worker needs a process group
     assert results["world"] == processes
     return results["results"]
 
