@@ -46,6 +46,21 @@ def build(kind: str, folder: Path, seed: int):
 
 
 @torch.no_grad()
+def bf16_slowdown(size=512):
+    """How many times slower a bf16 matmul is than fp32 here: ~1-2x with AVX512-BF16/AMX, ~90x on an AVX2-only CPU,
+    where the bf16 run takes hours instead of minutes."""
+    seconds = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(3):
+            a @ b
+        seconds[dtype] = time.perf_counter() - start
+    return seconds[torch.bfloat16] / seconds[torch.float32]
+
+
+@torch.no_grad()
 def accuracy(model, tokenizer, rows, batch_size=32):
     model.eval()
     correct = 0
@@ -115,6 +130,10 @@ def main():
     folder, data = args.cache / "models" / args.model, args.cache / "data" / "rotten_tomatoes.jsonl"
     if not (folder / "config.json").is_file() or not data.is_file():
         sys.exit(f"{folder} or {data} is missing: run python scripts/fetch_real_checkpoints.py first")
+    slowdown = bf16_slowdown()
+    if slowdown > 10:
+        print(f"warning: bf16 matmuls are {slowdown:.0f}x slower than fp32 on this CPU (no bf16 instructions): "
+              "expect hours, not minutes", file=sys.stderr, flush=True)  # fmt: skip
     train_rows, test_rows = load_split(data, args.held_out, args.seed)
     for kind in args.classes:
         model, tokenizer, summary = train(
