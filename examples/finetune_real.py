@@ -32,17 +32,23 @@ def load_split(path: Path, held_out: int, seed: int):
     return rows[held_out:], rows[:held_out]
 
 
-def build(kind: str, folder: Path, seed: int):
+def build(kind: str, folder: Path, seed: int, dtype=torch.bfloat16, lora=True):
+    """The Stable or stock classifier of a checkpoint with the tokenizer's pad id, LoRA r=16 on q/k/v/o unless
+    `lora=False` (a full fine-tune)."""
     torch.manual_seed(seed)
-    kwargs = dict(num_labels=2, dtype=torch.bfloat16)
+    kwargs = dict(num_labels=2, dtype=dtype)
     if kind == "stable":
         model = stable_models.from_pretrained(folder, **kwargs)
     else:
         model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model.config.pad_token_id = tokenizer.pad_token_id
-    lora = LoraConfig(task_type="SEQ_CLS", r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    return get_peft_model(model, lora), tokenizer
+    if not lora:
+        return model, tokenizer
+    config = LoraConfig(
+        task_type="SEQ_CLS", r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    return get_peft_model(model, config), tokenizer
 
 
 @torch.no_grad()

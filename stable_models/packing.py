@@ -57,8 +57,9 @@ def rows_near_the_longest(lengths: list[int]) -> list[list[int]]:
             rows = first_fit_decreasing(lengths, floor + step * max(1, floor // 32))
             if len(rows) <= count:
                 break
-        tokens = len(rows) * width(rows)
-        if len(rows) <= count and tokens * width(rows) <= attention_limit and tokens < best_tokens:
+        rows_width = width(rows)
+        tokens = len(rows) * rows_width
+        if len(rows) <= count and tokens * rows_width <= attention_limit and tokens < best_tokens:
             best, best_tokens = rows, tokens
     return best
 

@@ -11,7 +11,8 @@ def run_worker(worker: Path, out: Path, *args: str, processes: int = 2, torchrun
     """Run `worker OUT *args` under torchrun (default: when processes > 1) or as one plain process; return the JSON
     the worker wrote to OUT."""
     launcher = [sys.executable]
-    if processes > 1 if torchrun is None else torchrun:
+    use_torchrun = processes > 1 if torchrun is None else torchrun
+    if use_torchrun:
         # --standalone: rendezvous on a port the OS picks (a fixed port can still be held by an earlier run)
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     cmd = [*launcher, str(worker), str(out), *args]

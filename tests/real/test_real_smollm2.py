@@ -12,15 +12,7 @@ import time
 import pytest
 import torch
 from test_real_checkpoints import CACHE, FETCH, FINETUNE
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    DataCollatorWithPadding,
-    Trainer,
-    TrainingArguments,
-)
-
-import stable_models
+from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments
 
 pytestmark = pytest.mark.real
 NAME = "smollm2-135m"
@@ -33,22 +25,6 @@ def smollm2():
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.pad_token_id == tokenizer.eos_token_id  # as SmolLM2 ships
     return folder, tokenizer
-
-
-def build(kind, folder, tokenizer, lora):
-    torch.manual_seed(0)
-    kwargs = dict(num_labels=2, dtype=torch.float32)
-    if kind == "stable":
-        model = stable_models.from_pretrained(folder, **kwargs)
-    else:
-        model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=16, lora_alpha=32, target_modules=targets))
-    return model
 
 
 def encoded(rows, tokenizer):
@@ -103,7 +79,7 @@ def test_pad_equal_to_eos_classifier_through_trainer(smollm2, tmp_path):
     collate = DataCollatorWithPadding(tokenizer)
     results = {}
     for kind in ("stock", "stable"):
-        model = build(kind, folder, tokenizer, lora=True)
+        model, _ = FINETUNE.build(kind, folder, seed=0, dtype=torch.float32)
         args = arguments(
             tmp_path / kind, max_steps=STEPS, per_device_train_batch_size=BATCH, learning_rate=3e-4,
             warmup_steps=10, lr_scheduler_type="linear", logging_steps=10,
@@ -112,7 +88,7 @@ def test_pad_equal_to_eos_classifier_through_trainer(smollm2, tmp_path):
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
-        batches = [collate([dict(e) for e in test_set[i : i + 32]]) for i in range(0, len(test_set), 32)]
+        batches = [collate(test_set[i : i + 32]) for i in range(0, len(test_set), 32)]
         results[kind] = {**evaluate(model, batches), "seconds": seconds}
         print(NAME, kind, json.dumps(results[kind]), flush=True)
     header = ["class", "held-out accuracy", "read at the last real token (eos)", "texts pooled at their eos"]
@@ -132,7 +108,7 @@ def test_pad_equal_to_eos_classifier_through_trainer(smollm2, tmp_path):
 
 def one_step(kind, folder, tokenizer, examples, batch, accumulation, out):
     """One optimizer step of plain SGD over the same 16 examples: the update is lr x the gradient Trainer built."""
-    model = build(kind, folder, tokenizer, lora=False)
+    model, _ = FINETUNE.build(kind, folder, seed=0, dtype=torch.float32, lora=False)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     args = arguments(
         out, max_steps=1, per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
