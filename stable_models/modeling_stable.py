@@ -19,9 +19,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
-from transformers.utils.generic import can_return_tuple
+from transformers.modeling_utils import PreTrainedModel
+from transformers.processing_utils import Unpack
+from transformers.utils.generic import TransformersKwargs, can_return_tuple
 
 POOLING_MODES = ("last", "mean")
 DEFAULT_POOLING = "last"
@@ -164,6 +167,27 @@ def warn_if_padded_without_mask(model, input_ids) -> None:
             f"rows {_rows(ends | starts)} of input_ids start or end in pad_token_id ({pad}) but no attention_mask was "
             "given: every position counts as content (padding included) in pooling and attention. If the batch is "
             "padded, pass attention_mask (tokenizer(..., padding=True, return_tensors='pt') returns it).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+def warn_if_longer_than_positions(model, length: int, position_ids, padding_mask) -> None:
+    """Once per model: inputs past `max_position_embeddings` run silently (stock too) on positions the model never
+    learned (or rotary angles it never saw). Padded and packed rows may be longer: their real positions count."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if not limit or length <= limit or getattr(model, "_warned_past_positions", False):
+        return
+    if position_ids is not None:
+        longest = int(position_ids.max()) + 1
+    else:
+        longest = length if padding_mask is None else int(padding_mask.sum(-1).max())
+    if longest > limit:
+        model._warned_past_positions = True
+        warnings.warn(
+            f"input of {longest} positions is longer than this model's max_position_embeddings ({limit}): "
+            "positions past it were never trained, so logits there are unreliable. Truncate the texts "
+            f"(tokenizer(..., truncation=True, max_length={limit})).",
             UserWarning,
             stacklevel=user_stacklevel(),
         )
@@ -654,6 +678,15 @@ class StableSequenceClassificationMixin:
         hide_false_pipeline_error()
 
     @classmethod
+    def stock_class(cls) -> type:
+        """The transformers class this Stable class extends: the first class in the MRO that is not a Stable one."""
+        return next(
+            c
+            for c in cls.__mro__
+            if c.__name__.endswith("ForSequenceClassification") and not issubclass(c, StableSequenceClassificationMixin)
+        )
+
+    @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """The stock loader, after checking a local folder so that a broken one fails with a clear message."""
         if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(
@@ -695,6 +728,9 @@ class StableSequenceClassificationMixin:
             for config in configs:
                 if pad is not None and getattr(config, "pad_token_id", None) is None:
                     config.pad_token_id = pad
+        if main_process and type(self)._auto_class is not None:  # is_remote_code() answers False, as for the stock
+            os.makedirs(save_directory, exist_ok=True)  # class, so the stock save no longer copies the code itself
+            custom_object_save(self, save_directory, config=self.config)
         super().save_pretrained(save_directory, *args, **kwargs)
         if not main_process:
             return
@@ -703,12 +739,7 @@ class StableSequenceClassificationMixin:
         )
         card = os.path.join(save_directory, "README.md")
         if not os.path.exists(card):
-            stock = next(
-                c
-                for c in type(self).__mro__[1:]
-                if c.__name__.endswith("ForSequenceClassification")
-                and not issubclass(c, StableSequenceClassificationMixin)
-            )
+            stock = self.stock_class()
             with open(card, "w") as handle:
                 handle.write(
                     MODEL_CARD.format(
@@ -726,7 +757,7 @@ class StableSequenceClassificationMixin:
         labels=None,
         use_cache=None,
         num_items_in_batch=None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],  # as the stock forward: tools read output_attentions & co. from it
     ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
@@ -770,6 +801,9 @@ class StableSequenceClassificationMixin:
             left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
             if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
                 position_ids = position_ids_from_mask(padding_mask, query_length)
+
+        if not compiling:
+            warn_if_longer_than_positions(self, query_length + past_length, position_ids, padding_mask)
 
         self._mask_guard.cache.clear()
         self._mask_guard.past_length = past_length
@@ -815,6 +849,27 @@ class StableSequenceClassificationMixin:
             **{name: value for name, value in outputs.items() if name in ("cache", "past_key_values")},
         )
 
+
+# Class questions transformers answers from the defining module's source or from `_auto_class` (set by
+# register_for_auto_class so that save_pretrained copies this code). Asked of a Stable class they would describe this
+# file: experts / attention kernels judged from its text (grouped_mm refused for MoE), and the custom-code loading path
+# (missing weights left uninitialised, checkpoint conversions skipped). The stock class answers them instead; the ones
+# this transformers release does not ask are not defined.
+STOCK_CLASS_QUESTIONS = (
+    "_can_set_attn_implementation",
+    "_can_set_experts_implementation",
+    "is_custom_code",
+    "is_remote_code",
+)
+
+
+def ask_the_stock_class(question: str) -> classmethod:
+    return classmethod(lambda cls: getattr(cls.stock_class(), question)())
+
+
+for _question in STOCK_CLASS_QUESTIONS:
+    if hasattr(PreTrainedModel, _question):
+        setattr(StableSequenceClassificationMixin, _question, ask_the_stock_class(_question))
 
 STABLE_PREFIX = "Stable"
 _STABLE_CLASSES = {}  # stock class -> Stable class, built once
