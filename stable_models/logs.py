@@ -26,12 +26,17 @@ def read_log(path: str) -> list[dict]:
         data = json.loads(text)
         entries = data.get("log_history", []) if isinstance(data, dict) else data
     except ValueError:
-        entries = []
+        entries, unreadable = [], []
         for match in DICT_PATTERN.finditer(text):
             try:
-                entries.append(ast.literal_eval(match.group(0)))
+                entries.append(printed_dict(match.group(0)))
             except (ValueError, SyntaxError):
-                continue
+                unreadable.append(match.group(0))
+        if unreadable:
+            raise DoctorError(
+                f"--log {path}: {len(unreadable)} of {len(entries) + len(unreadable)} logged dicts could not be read "
+                f"(e.g. {unreadable[0][:120]}); pass trainer_state.json from the output or checkpoint folder instead"
+            ) from None
     steps = []
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and "loss" in entry:
@@ -39,6 +44,28 @@ def read_log(path: str) -> list[dict]:
     if not steps:
         raise DoctorError(f"--log {path}: no logged training loss found (expected trainer_state.json or printed dicts)")
     return steps
+
+
+# Bare names in printed dicts: transformers 4.x prints floats as Python reprs (`'grad_norm': nan`, `inf`), JSON-lines
+# loggers write `NaN` / `Infinity` / `true` / `null`.
+NAMES = {"nan": math.nan, "NaN": math.nan, "inf": math.inf, "Infinity": math.inf}
+NAMES |= {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+
+
+def printed_dict(text: str) -> dict:
+    """A dict as Trainer prints it (every transformers 4.57 to 5.24 form), read without evaluating code."""
+
+    def value(node):
+        if isinstance(node, ast.Name) and node.id in NAMES:
+            return NAMES[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            number = value(node.operand)
+            return -number if isinstance(node.op, ast.USub) else number
+        if isinstance(node, ast.Dict):
+            return {value(key): value(item) for key, item in zip(node.keys, node.values, strict=True)}
+        return ast.literal_eval(node)
+
+    return value(ast.parse(text.strip(), mode="eval").body)
 
 
 def as_number(value):
