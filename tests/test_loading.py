@@ -16,6 +16,7 @@ from architectures import (
     LORA_TARGETS,
     collate_left,
     cpu_training_args,
+    make_config,
     make_models,
     pad_batch,
     random_sequences,
@@ -356,3 +357,31 @@ def test_unknown_pooling_value(saved_folder):
     assert (
         BY_NAME["qwen2"].stable_class.from_pretrained(saved_folder, pooling="mean").config.classifier_pooling == "mean"
     )
+
+
+def test_stable_models_from_pretrained_takes_an_adapter_folder(tmp_path):
+    """An adapter folder (adapter_config.json, no config.json) loads its base, the saved head's num_labels and the
+    adapter; a base that cannot be found is a clear error, not transformers' 'Unrecognized model'."""
+    from peft import LoraConfig, get_peft_model
+
+    arch = BY_NAME["qwen2"]
+    torch.manual_seed(0)
+    arch.causal_lm_class(make_config(arch)).save_pretrained(tmp_path / "base")
+    base = arch.stable_class.from_pretrained(tmp_path / "base", num_labels=4)
+    model = get_peft_model(base, LoraConfig(task_type="SEQ_CLS", r=4, target_modules=LORA_TARGETS))
+    with torch.no_grad():
+        model.base_model.model.score.modules_to_save["default"].weight.normal_()  # a trained head, not the init
+    model.save_pretrained(tmp_path / "adapter")
+    ids, mask = pad_batch(random_sequences([6, 3]), "left")
+    with torch.no_grad():
+        expected = model.eval()(input_ids=ids, attention_mask=mask).logits
+        loaded = stable_models.from_pretrained(tmp_path / "adapter").eval()
+        assert type(loaded.base_model.model) is arch.stable_class
+        assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits, expected)
+
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"the adapter's base model .*gone.* cannot be loaded here.*PeftModel"):
+        stable_models.from_pretrained(tmp_path / "adapter")

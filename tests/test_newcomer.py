@@ -128,3 +128,48 @@ def test_low_precision_warning_points_at_the_users_line():
     with pytest.warns(UserWarning, match="without fp32 master weights") as seen:
         stable(ids, attention_mask=mask, labels=torch.tensor([0, 1]))
     assert Path(seen[0].filename).resolve() == Path(__file__).resolve()
+
+
+def test_a_model_built_from_a_config_warns_visibly_at_save_in_a_fresh_interpreter(tmp_path):
+    """No tokenizer anywhere: the warning reaches stderr under Python's default warning filters, naming the fix."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from architectures import BY_NAME, make_config\n"
+        "arch = BY_NAME['qwen2']\n"
+        f"arch.stable_class(make_config(arch, pad_token_id=None)).save_pretrained({str(tmp_path)!r})\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "gets no pad_token_id" in run.stderr and "setup_pad_token(tokenizer, model)" in run.stderr
+    assert json.loads((tmp_path / "config.json").read_text()).get("pad_token_id") is None
+
+
+def test_input_longer_than_the_positions_warns_once(models):
+    stable, stock = models
+    limit = stable.config.get_text_config().max_position_embeddings = 8
+    ids = torch.stack(random_sequences([limit + 2, limit + 2]))
+    with pytest.warns(
+        UserWarning, match=rf"input of 10 positions is longer than .*max_position_embeddings \({limit}\)"
+    ):
+        stable(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stable(ids)  # once per model
+        fresh = make_models(ARCHS[0])[0]
+        fresh.config.get_text_config().max_position_embeddings = 8
+        for side in ("left", "right"):  # 8 real tokens fit, however wide the padding makes the row
+            ids, mask = pad_batch(random_sequences([8, 3]), side)
+            padding = torch.zeros(2, 4, dtype=torch.long)
+            ids, mask = (
+                (torch.cat([padding, ids], 1), torch.cat([padding, mask], 1))
+                if side == "left"
+                else (
+                    torch.cat([ids, padding], 1),
+                    torch.cat([mask, padding], 1),
+                )
+            )
+            fresh(ids, attention_mask=mask)
