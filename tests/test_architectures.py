@@ -33,7 +33,7 @@ import stable_models
 from stable_models.modeling_stable import BATCH_COUPLED, with_self_attention
 
 LENGTHS = [9, 4, 6]  # up to 5 pads, longer than every sliding window (3)
-README = Path(__file__).resolve().parent.parent / "README.md"
+SUPPORTED_MODELS = Path(__file__).resolve().parent.parent / "docs" / "supported-models.md"
 
 
 def test_the_table_covers_every_supported_model_type():
@@ -209,8 +209,8 @@ def test_multimodal_classifier_is_text_only_and_num_labels_reaches_the_text_conf
 
 
 def readme_architecture_rows():
-    """The cells of each row of the README's supported-architectures table."""
-    section = README.read_text().split("## Supported architectures", 1)[1].split("\n## ", 1)[0]
+    """The cells of each row of docs/supported-models.md's table."""
+    section = SUPPORTED_MODELS.read_text().split("## Supported architectures", 1)[1].split("\n## ", 1)[0]
     rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| `")]
     return [[cell.strip() for cell in row] for row in rows]
 

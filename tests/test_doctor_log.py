@@ -92,27 +92,37 @@ def test_a_real_trainer_log_of_the_stock_class_with_gradient_accumulation(tmp_pa
     assert code == 1 and "4 x ln(3)" in out and "inflated 4x" in out and "num_items_in_batch" in out
 
 
+def doctor_log_here(capsys, path, *extra):
+    """`doctor --log` in this process (the command line itself is tested above): (exit code, stdout, stderr)."""
+    from stable_models.doctor import main
+
+    capsys.readouterr()
+    code = main(["--log", str(path), *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 # User story B's own lines, as transformers 4.x prints them (bare nan: Python's repr of a float dict).
 STORY_B_NAN = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1.9e-05, 'epoch': 0.33}\n"
 STORY_B_STUCK = "{'loss': 1.0986, 'grad_norm': 0.0, 'learning_rate': 1.9e-05, 'epoch': 0.33}\n"
 
 
-def test_story_b_hidden_nan_as_transformers_4_prints_it(tmp_path):
+def test_story_b_hidden_nan_as_transformers_4_prints_it(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text("{'loss': 1.0432, 'grad_norm': 5.1, 'learning_rate': 2e-05, 'epoch': 0.17}\n" + STORY_B_NAN * 4)
-    code, out, err = doctor_log(log)
+    code, out, err = doctor_log_here(capsys, log)
     assert code == 1, out + err
     assert "step 2: loss 0.0 with grad_norm nan" in out and "logging_nan_inf_filter" in out
     only_nan = tmp_path / "only_nan.log"
     only_nan.write_text(STORY_B_NAN * 3)
-    code, out, err = doctor_log(only_nan)
+    code, out, err = doctor_log_here(capsys, only_nan)
     assert code == 1 and "loss 0.0 with grad_norm nan" in out, out + err
 
 
-def test_story_b_stuck_at_ln_3_as_transformers_4_prints_it(tmp_path):
+def test_story_b_stuck_at_ln_3_as_transformers_4_prints_it(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text("  5%|#         | 2/40 [00:03<01:02]" + STORY_B_STUCK * 6)
-    code, out, err = doctor_log(log)
+    code, out, err = doctor_log_here(capsys, log)
     assert code == 1, out + err
     assert "loss stuck at ln(3) = 1.0986 with grad_norm 0.0 in 6 of 6" in out
 
@@ -132,15 +142,15 @@ def test_every_form_the_installed_transformers_prints(tmp_path, value, capsys):
         PrinterCallback().on_log(None, state, TrainerControl(), logs=dict(entry))
     log = tmp_path / "train.log"
     log.write_text(capsys.readouterr().out)
-    code, out, err = doctor_log(log)
+    code, out, err = doctor_log_here(capsys, log)
     if value != value:  # nan: the hidden-NaN pattern
         assert code == 1 and "loss 0.0 with grad_norm nan" in out, out + err
     else:  # read as a number: no pattern claims an infinite grad norm, and nothing is dropped
         assert code == 0 and "6 logged steps" in out, out + err
 
 
-def test_unreadable_lines_are_said_not_ok(tmp_path):
+def test_unreadable_lines_are_said_not_ok(tmp_path, capsys):
     log = tmp_path / "train.log"
     log.write_text("{'loss': 0.0, 'grad_norm': tensor(nan), 'epoch': 0.1}\n" * 3)
-    code, out, err = doctor_log(log)
+    code, out, err = doctor_log_here(capsys, log)
     assert code == 2 and "3 of 3 logged dicts could not be read" in err and "trainer_state.json" in err, out + err

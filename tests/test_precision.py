@@ -147,8 +147,11 @@ def test_fp64_model_keeps_an_fp64_head(arch):
     gated-delta (linear attention) layers of Qwen3.5. fp64 is exact with sdpa and no such layers; the others (Gemma2,
     which refuses sdpa, and Qwen3.5) get the fp32 bound."""
     attn = arch.attn_implementations[-1]
-    stable, _ = make_models(arch, attn, dtype=torch.float64)
+    stable, stock = make_models(arch, attn, dtype=torch.float64)
     assert stable.score.weight.dtype == torch.float64
+    if getattr(stable, "_can_set_experts_implementation", lambda: False)():  # MoE: as the stock class, grouped_mm
+        assert stable.config._experts_implementation == stock.config._experts_implementation
+        stable.set_experts_implementation("eager")  # by default, which has no fp64 kernel
     sequences = random_sequences([9, 4, 6])
     ids, mask = pad_batch(sequences, "left")
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The README's python blocks run as written, against tiny local checkpoints, so they cannot rot.
+"""The python blocks of the README and of docs/ run as written, against tiny local checkpoints, so they cannot rot.
 
 The first block is a whole program (only its path is replaced by a tiny Qwen2 folder). The others are fragments of a
 user's script; each runs with the names its surrounding README text assumes (a model, TrainingArguments, a dataset, a
@@ -16,7 +16,9 @@ from tiny_tokenizers import llama_pad_is_eos, qwen2_like
 
 import stable_models
 
-BLOCKS = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parent.parent / "README.md").read_text(), re.S)
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the README first: its first block is the program
+BLOCKS = [block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
 
 
 def causal_lm_folder(folder, arch_name, tokenizer):
