@@ -5,7 +5,8 @@ that end with eos, sliding windows shorter than the padding). For each run it pr
 and its dtype, the last gradient norm, the padding-invariance error (max |logit| difference between a padded
 batch and each text run alone) and held-out accuracy.
 
-    ./dev quickstart                 # defaults: both architectures, both padding sides
+    ./dev quickstart                 # defaults: both architectures, left padding
+    ./dev quickstart --side left right  # both padding sides
     ./dev quickstart --steps 200     # longer runs
     ./dev quickstart --real          # the real Qwen2.5-0.5B on Rotten Tomatoes instead (examples/finetune_real.py)
 """
@@ -115,7 +116,13 @@ def train_and_measure(model, train, test, side, steps, batch_size, lr):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
-    parser.add_argument("--side", nargs="+", default=["left", "right"], choices=["left", "right"])
+    parser.add_argument(
+        "--side",
+        nargs="+",
+        default=["left"],
+        choices=["left", "right"],
+        help="padding side(s) (default: left, as Gemma pads)",
+    )
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
