@@ -15,6 +15,7 @@ import argparse
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,6 +115,8 @@ def train_and_measure(model, train, test, side, steps, batch_size, lr):
 
 
 def main():
+    # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` (peft's, not ours): keep the table clean
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
     parser.add_argument(
