@@ -21,8 +21,9 @@ SAMPLE = [
     if name in BY_NAME  # the installed transformers decides which rows exist
 ]
 # The checks Stable MoE / custom-code classes used to fail (experts kernels judged from stable_models' source, missing
-# weights left uninitialised, kwargs the suite could not read), run for the sample in the default run; every other
-# check of ModelTesterMixin runs for the sample with -m exhaustive, and these for every architecture.
+# weights left uninitialised, kwargs the suite could not read), run for the sample in the default run; with
+# -m exhaustive every check of ModelTesterMixin runs for a dense, an MoE and a hybrid model, and these for every
+# architecture.
 NAMED_CHECKS = (
     "test_eager_matches_batched_and_grouped_inference",
     "test_keep_in_fp32_modules_strict_also_hardcode_fp32",
@@ -115,7 +116,7 @@ def check_stable_against_stock(arch, check):
     stable = outcome(common, arch, arch.stable_class, check)  # Stable asked first: no class fact cached yet
     stock = outcome(common, arch, arch.stock_class, check)
     assert RANK[stable[0]] >= RANK[stock[0]], f"{arch} {check}: Stable {stable}, stock {stock}"
-    if stable[0] == "skipped":
+    if stable[0] == stock[0] == "skipped":
         assert stable == stock, f"{arch} {check}: skipped for another reason than the stock class: {stable} vs {stock}"
     return stable, stock
 
@@ -145,8 +146,8 @@ def test_transformers_named_checks(name):
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("name", SAMPLE)
-def test_transformers_every_check(name):
+@pytest.mark.parametrize("name", [name for name in ("llama", "mixtral", "qwen3_next") if name in BY_NAME])
+def test_transformers_every_check(name):  # dense, MoE, hybrid: about a minute each on 2 cores
     check_all(BY_NAME[name], every_check(common_module()))
 
 
