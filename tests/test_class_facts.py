@@ -13,8 +13,11 @@ import transformers
 from architectures import BY_NAME, FIRST_CLASS, make_config
 from safetensors.torch import load_file, save_file
 
-# Class questions transformers answers by reading the defining module or `_auto_class`, plus the support flags.
-QUESTIONS = ("_can_set_experts_implementation", "_can_set_attn_implementation", "is_custom_code", "is_remote_code")
+from stable_models.modeling_stable import STOCK_CLASS_QUESTIONS
+
+# The class questions the core hands to the stock class (read from the defining module or `_auto_class`), plus the
+# support flags, which the Stable classes inherit.
+QUESTIONS = STOCK_CLASS_QUESTIONS
 FLAGS = (
     "_supports_sdpa",
     "_supports_flash_attn",
