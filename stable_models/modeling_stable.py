@@ -208,7 +208,15 @@ def with_self_attention(mask: torch.Tensor, past_length: int = 0) -> torch.Tenso
     """
     queries, keys = mask.shape[-2:]
     own = torch.arange(queries, device=mask.device)[:, None] + past_length == torch.arange(keys, device=mask.device)
-    return mask | own if mask.dtype == torch.bool else mask.masked_fill(own, 0.0)
+    if mask.dtype == torch.bool:
+        if queries == 1:  # one query attends to its own key in either convention
+            return mask
+        # transformers' masks say True = attend; some backbones hand their layers True = masked (MPT). The first
+        # query never sees the last key (causal), so that entry tells the convention, per row, without a sync.
+        masked_is_true = mask[..., :1, -1:]
+        return torch.where(masked_is_true, mask & ~own, mask | own)
+    # only masked entries (finfo.min or -inf) open up: a float mask may carry a bias too (MPT adds ALiBi to it)
+    return mask.masked_fill(own & (mask <= torch.finfo(mask.dtype).min / 2), 0.0)
 
 
 def block_mask_with_self_attention(mask, past_length: int = 0):
@@ -875,17 +883,79 @@ STABLE_PREFIX = "Stable"
 _STABLE_CLASSES = {}  # stock class -> Stable class, built once
 
 
+def decoder_classifier(model_type: str) -> type:
+    """The stock decoder classifier of a model type: built on GenericForSequenceClassification, or an older one that
+    also pools the last non-pad token (GPT-2, Pythia, OPT, BLOOM, ...). A ValueError names why a type cannot be
+    classified with the contract."""
+    transformers = importlib.import_module("transformers")
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    name = auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    stock = getattr(transformers, name, None) if isinstance(name, str) else None
+    if stock is not None and issubclass(stock, GenericForSequenceClassification):
+        return stock
+    if stock is None:
+        raise ValueError(
+            f"model_type={model_type!r} cannot be classified yet: transformers {transformers.__version__} has no "
+            "sequence classifier for it (classifiers for causal LMs without one are not built yet)."
+        )
+    refusal = why_not_a_decoder(model_type, stock)
+    if refusal:
+        raise ValueError(f"model_type={model_type!r} cannot be classified with stable_models' guarantees: {refusal}.")
+    return stock
+
+
+def why_not_a_decoder(model_type: str, stock: type) -> str | None:
+    """Why a model type's stock classifier is no decoder-only text classifier whose decoder layers the mask guard
+    reaches (None: it is one)."""
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    module = sys.modules[stock.__module__]
+    if is_encoder_decoder(stock.config_class):
+        return "it is an encoder-decoder model (its decoder reads an encoder's output)"
+    backbone_name = auto.MODEL_MAPPING_NAMES.get(model_type)
+    backbone = (
+        getattr(importlib.import_module("transformers"), backbone_name, None)
+        if isinstance(backbone_name, str)
+        else None
+    )
+    if backbone is None:
+        return "transformers has no base model (AutoModel) for it to put a classifier on"
+    if backbone.main_input_name != "input_ids":
+        return f"it is not a text model (its base model reads {backbone.main_input_name})"
+    if "attention_mask" not in inspect.signature(backbone.forward).parameters:
+        return "its base model takes no attention_mask, so padding would run into its state"
+    if not any(
+        isinstance(value, type)
+        and issubclass(value, GradientCheckpointingLayer)
+        and value.__module__ == module.__name__
+        for value in vars(module).values()
+    ):
+        return "its layers are not GradientCheckpointingLayers, so the mask guard cannot reach their attention masks"
+    if "pad_token_id" not in inspect.getsource(stock.forward):  # decoder classifiers find the last non-pad token
+        return "its classifier is an encoder's (bidirectional attention, pooling a first or summary token)"
+    if "self.score" not in inspect.getsource(stock.__init__):
+        return f"its classifier head is not one linear `score` layer on the pooled token ({stock.__name__})"
+    return None
+
+
+def is_encoder_decoder(config_class) -> bool:
+    """The config's default `is_encoder_decoder` (a class attribute in transformers 5; an instance's in 4.57)."""
+    flag = getattr(config_class, "is_encoder_decoder", None)
+    if flag is None:
+        try:
+            flag = config_class().is_encoder_decoder
+        except Exception:  # a config that needs arguments: not one of the seq2seq configs, which have defaults
+            flag = False
+    return bool(flag)
+
+
 def stable_class(stock_class):
-    """The Stable class for a stock `*ForSequenceClassification` class: the mixin put before it, nothing else.
+    """The Stable class for a decoder classifier (from `decoder_classifier`): the mixin put before it, nothing else.
 
     The class lives in this module (`__module__`), so `save_pretrained` copies this one file and writes
     `auto_map = modeling_stable.Stable<Name>`, which `__getattr__` below rebuilds wherever the folder is loaded.
     """
-    if not (isinstance(stock_class, type) and issubclass(stock_class, GenericForSequenceClassification)):
-        raise TypeError(
-            f"{stock_class!r} is not a decoder classifier built on transformers' GenericForSequenceClassification "
-            "(last-token pooling over a decoder backbone); stable_models has no Stable class for it."
-        )
+    if not (isinstance(stock_class, type) and stock_class.__name__.endswith("ForSequenceClassification")):
+        raise TypeError(f"{stock_class!r} is not a *ForSequenceClassification class; see decoder_classifier().")
     if stock_class not in _STABLE_CLASSES:
         name = STABLE_PREFIX + stock_class.__name__
         cls = type(
@@ -904,16 +974,23 @@ def stable_class(stock_class):
     return _STABLE_CLASSES[stock_class]
 
 
+def model_type_of(classifier_name: str) -> str | None:
+    """The model type whose stock classifier is called `classifier_name`."""
+    auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    for model_type, name in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.items():
+        if name == classifier_name:
+            return model_type
+    return None
+
+
 def __getattr__(name: str):
-    """`Stable<Name>ForSequenceClassification` for every transformers `<Name>ForSequenceClassification`, built on
+    """`Stable<Name>ForSequenceClassification` for every decoder classifier `decoder_classifier` gives, built on
     first use (remote-code loading, pickling and `from stable_models import ...` all come through here)."""
     if name.startswith(STABLE_PREFIX) and name.endswith("ForSequenceClassification"):
-        transformers = importlib.import_module("transformers")
-        try:
-            stock_class = getattr(transformers, name[len(STABLE_PREFIX) :])
-        except AttributeError:
-            pass
-        else:
-            if isinstance(stock_class, type) and issubclass(stock_class, GenericForSequenceClassification):
-                return stable_class(stock_class)
+        model_type = model_type_of(name[len(STABLE_PREFIX) :])
+        if model_type is not None:
+            try:
+                return stable_class(decoder_classifier(model_type))
+            except ValueError:
+                pass
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

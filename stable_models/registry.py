@@ -14,37 +14,57 @@ from collections.abc import Mapping
 
 import transformers
 from transformers import AutoConfig, AutoModelForSequenceClassification
-from transformers.modeling_layers import GenericForSequenceClassification
-from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+)
 
-from .modeling_stable import stable_class
+from .modeling_stable import decoder_classifier, stable_class
 
 _MAPPING = AutoModelForSequenceClassification._model_mapping
 _SAVED = {}  # config class -> what the mapping's extra content held before register() (None: nothing)
 
 
 def _stock_class(model_type: str):
-    """The stock decoder classifier of a model type; None if unknown or not a GenericForSequenceClassification."""
-    name = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
-    stock = getattr(transformers, name, None) if isinstance(name, str) else None
-    return stock if isinstance(stock, type) and issubclass(stock, GenericForSequenceClassification) else None
+    """The stock decoder classifier of a model type; None if it has none."""
+    try:
+        return decoder_classifier(model_type)
+    except ValueError:
+        return None
 
 
 @functools.cache
 def supported_model_types() -> tuple[str, ...]:
     """Every model type of the installed transformers that has a Stable class (imports each modeling module once)."""
-    return tuple(sorted(t for t in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES if _stock_class(t) is not None))
+    candidates = set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES) | set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return tuple(sorted(t for t in candidates if _stock_class(t) is not None))
+
+
+@functools.cache
+def refused_model_types() -> dict[str, str]:
+    """Every causal-LM or classifier model type of the installed transformers without a Stable class: the reason."""
+    refused = {}
+    for model_type in sorted(
+        set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES) | set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    ):
+        try:
+            decoder_classifier(model_type)
+        except ValueError as error:
+            refused[model_type] = str(error).split(": ", 1)[-1]
+        except Exception as error:  # a modeling module that does not import here (a missing optional dependency)
+            refused[model_type] = f"its modeling code does not import here ({type(error).__name__}: {error})"
+    return refused
 
 
 def stable_class_for(model_type: str):
-    """The Stable class for a checkpoint's `model_type`, or a ValueError listing the supported ones."""
-    stock = _stock_class(model_type)
-    if stock is None:
+    """The Stable class for a checkpoint's `model_type`, or a ValueError that says why there is none."""
+    try:
+        stock = decoder_classifier(model_type)
+    except ValueError as error:
         raise ValueError(
             f"stable_models has no class for model_type={model_type!r} with transformers {transformers.__version__}: "
-            "only decoder classifiers built on GenericForSequenceClassification are covered; supported: "
-            f"{', '.join(supported_model_types())}."
-        )
+            f"{str(error).split(': ', 1)[-1]} Supported: {', '.join(supported_model_types())}."
+        ) from None
     return stable_class(stock)
 
 

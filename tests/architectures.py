@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
+from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-    MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
 )
 
 import stable_models
-from stable_models.modeling_stable import RECURRENT_LAYER_KINDS, recurrent_layer_kinds
+from stable_models.modeling_stable import RECURRENT_LAYER_KINDS, decoder_classifier, recurrent_layer_kinds
 
 PAD, EOS, BOS = 0, 1, 2
 VOCAB = 96
@@ -30,7 +30,12 @@ class Arch:
 
     @property
     def stock_class(self):
-        return getattr(transformers, MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[self.name])
+        return decoder_classifier(self.name)
+
+    @property
+    def origin(self) -> str:
+        """Where the stock class comes from: transformers' GenericForSequenceClassification or an older classifier."""
+        return "stock Generic" if issubclass(self.stock_class, GenericForSequenceClassification) else "stock legacy"
 
     @property
     def config_class(self):
@@ -224,6 +229,18 @@ TABLE = [
     ),
     Arch("stablelm"),
     Arch("starcoder2", dict(sliding_window=W)),
+    # Older decoder classifiers (not GenericForSequenceClassification; they pool the last non-pad token too)
+    Arch("biogpt"),
+    Arch("bloom", dict(n_layer=2, n_head=4)),
+    Arch("falcon", dict(num_kv_heads=2, new_decoder_architecture=True)),
+    Arch("gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_inner=64), first_class=True),
+    Arch("gpt_bigcode", dict(n_embd=32, n_layer=2, n_head=4, n_inner=64)),
+    Arch("gpt_neo", dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=W)),
+    Arch("gpt_neox", dict(rotary_pct=0.5), first_class=True),
+    Arch("mpt", dict(d_model=32, n_layers=2, n_heads=4, expansion_ratio=2)),
+    Arch("opt", dict(ffn_dim=64, word_embed_proj_dim=32)),
+    Arch("zamba", dict(layer_types=["hybrid", "hybrid"], mamba_d_state=4, use_mamba_kernels=False)),
+    Arch("zamba2", dict(layers_block_type=["hybrid", "hybrid"], mamba_d_state=4, mamba_headdim=8, num_mem_blocks=1)),
 ]
 TABLE_BY_NAME = {arch.name: arch for arch in TABLE}
 # the installed transformers decides which rows exist (the 4.57 floor has fewer)
