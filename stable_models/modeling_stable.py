@@ -601,6 +601,14 @@ LOW_PRECISION_ADVICE = (
 )
 
 
+# Measured: padding reaches the real tokens inside the backbone (its Mamba layers), so no mask can keep padding
+# invariance; these types are refused, saying why (model_type -> reason).
+PADDING_REACHES_REAL_TOKENS = {
+    "zamba": "padding reaches real tokens through its Mamba layers (fp64, tiny config: NaN logits with left padding)",
+    "zamba2": "padding reaches real tokens through its Mamba layers (fp64, tiny config: 3.9e-7 off either side)",
+}
+
+
 # Where no wrapper can keep padding invariance: model_type -> (config flag that switches the coupling on, why).
 BATCH_COUPLED = {
     "doge": (
@@ -930,6 +938,8 @@ def why_not_a_decoder(model_type: str, stock: type) -> str | None:
         for value in vars(module).values()
     ):
         return "its layers are not GradientCheckpointingLayers, so the mask guard cannot reach their attention masks"
+    if model_type in PADDING_REACHES_REAL_TOKENS:
+        return PADDING_REACHES_REAL_TOKENS[model_type]
     if "pad_token_id" not in inspect.getsource(stock.forward):  # decoder classifiers find the last non-pad token
         return "its classifier is an encoder's (bidirectional attention, pooling a first or summary token)"
     if "self.score" not in inspect.getsource(stock.__init__):

@@ -239,8 +239,6 @@ TABLE = [
     Arch("gpt_neox", dict(rotary_pct=0.5), first_class=True),
     Arch("mpt", dict(d_model=32, n_layers=2, n_heads=4, expansion_ratio=2)),
     Arch("opt", dict(ffn_dim=64, word_embed_proj_dim=32)),
-    Arch("zamba", dict(layer_types=["hybrid", "hybrid"], mamba_d_state=4, use_mamba_kernels=False)),
-    Arch("zamba2", dict(layers_block_type=["hybrid", "hybrid"], mamba_d_state=4, mamba_headdim=8, num_mem_blocks=1)),
 ]
 TABLE_BY_NAME = {arch.name: arch for arch in TABLE}
 # the installed transformers decides which rows exist (the 4.57 floor has fewer)
@@ -344,8 +342,9 @@ def attention_layer_count(config) -> int:
     return sum(kind not in RECURRENT_LAYER_KINDS for kind in kinds)
 
 
-# attention projections: q/v, Phi-3's fused qkv, Qwen3.5's linear-attention qkv (peft needs one to match)
-LORA_TARGETS = ["q_proj", "v_proj", "qkv_proj", "in_proj_qkv"]
+# attention projections: q/v, Phi-3's fused qkv, Qwen3.5's linear-attention qkv, GPT-2's c_attn, GPT-NeoX's
+# query_key_value (peft needs one to match)
+LORA_TARGETS = ["q_proj", "v_proj", "qkv_proj", "in_proj_qkv", "c_attn", "query_key_value"]
 VISION_PARTS = ("vision_tower", "visual", "multi_modal_projector")  # unused by text-only input: no gradient
 
 

@@ -31,6 +31,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 import stable_models
 from stable_models.modeling_stable import BATCH_COUPLED, with_self_attention
+from stable_models.registry import refused_model_types
 
 LENGTHS = [9, 4, 6]  # up to 5 pads, longer than every sliding window (3)
 SUPPORTED_MODELS = Path(__file__).resolve().parent.parent / "docs" / "supported-models.md"
@@ -221,14 +222,30 @@ def test_readme_table_lists_exactly_the_architecture_table():
     installed = {f"`{arch.name}`": arch for arch in ARCHITECTURES}
     classes = [row[1] for row in rows if row[0] in installed]
     assert classes == [f"`{arch.stable_class.__name__}`" for arch in installed.values()]
-    assert [row[0] for row in rows if row[3] == "yes"] == [f"`{arch.name}`" for arch in TABLE if arch.first_class]
+    assert [row[2] for row in rows if row[0] in installed] == [arch.origin for arch in installed.values()]
+    assert [row[0] for row in rows if row[4] == "yes"] == [f"`{arch.name}`" for arch in TABLE if arch.first_class]
     if transformers.__version__.startswith("4."):  # the floor column says what the 4.57 floor has
-        assert [row[0] for row in rows if row[2] == "yes"] == [f"`{arch.name}`" for arch in ARCHITECTURES]
+        assert [row[0] for row in rows if row[3] == "yes"] == [f"`{arch.name}`" for arch in ARCHITECTURES]
+
+
+@pytest.mark.skipif(transformers.__version__ != "5.24.0", reason="the refused table is written for transformers 5.24")
+def test_the_refused_table_is_what_the_registry_refuses():
+    section = SUPPORTED_MODELS.read_text().split("## Model types without a Stable class", 1)[1]
+    rows = [
+        line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ") and "`" in line
+    ]
+    documented = {t.strip(" `"): reason.strip() for reason, types in rows for t in types.split(",")}
+    refused = {t: r.rstrip(".") for t, r in refused_model_types().items()}
+    assert documented == refused
 
 
 def test_stable_class_for_unknown_or_non_decoder_model_types():
-    with pytest.raises(ValueError, match="no class for model_type='bert'.*GenericForSequenceClassification.*qwen2"):
+    with pytest.raises(ValueError, match="no class for model_type='bert'.*an encoder's.*Supported: .*qwen2"):
         stable_models.stable_class_for("bert")
+    with pytest.raises(ValueError, match="model_type='bart'.*encoder-decoder"):
+        stable_models.stable_class_for("bart")
+    with pytest.raises(ValueError, match="model_type='openai-gpt'.*GradientCheckpointingLayers"):
+        stable_models.stable_class_for("openai-gpt")
     with pytest.raises(ValueError, match="no class for model_type='nonsense'"):
         stable_models.stable_class_for("nonsense")
     with pytest.raises(AttributeError):
