@@ -7,6 +7,7 @@ replaces `forward`, makes the `score` head fp32, guards the mask every decoder l
 in `from_pretrained` and adds a model card in `save_pretrained`; weights, attributes and outputs stay the stock ones.
 """
 
+import functools
 import importlib
 import inspect
 import json
@@ -244,6 +245,13 @@ def safe_attention_mask(mask, past_length: int = 0):
     return mask
 
 
+@functools.cache
+def mask_position(layer_class) -> int | None:
+    """Where `attention_mask` sits among a layer's positional arguments (None: it has none)."""
+    names = list(inspect.signature(layer_class.forward).parameters)[1:]  # without self
+    return names.index("attention_mask") if "attention_mask" in names else None
+
+
 class LayerMaskGuard:
     """Forward pre-hook on every decoder layer: the layer gets the mask the backbone chose for it (full, sliding,
     chunked, recurrent, a kind this file has never heard of), with `safe_attention_mask` applied.
@@ -259,6 +267,10 @@ class LayerMaskGuard:
     def __call__(self, layer, args, kwargs):
         if "attention_mask" in kwargs:
             kwargs["attention_mask"] = self.safe(kwargs["attention_mask"])
+            return args, kwargs
+        index = mask_position(type(layer))  # older layers (GPT-2) take the mask positionally
+        if index is not None and index < len(args):
+            args = (*args[:index], self.safe(args[index]), *args[index + 1 :])
         return args, kwargs
 
     def safe(self, mask):
