@@ -13,8 +13,10 @@ import inspect
 import json
 import logging
 import os
+import re
 import struct
 import sys
+import typing
 import warnings
 
 import torch
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
-from transformers.modeling_outputs import SequenceClassifierOutputWithPast
+from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
 from transformers.processing_utils import Unpack
 from transformers.utils.generic import TransformersKwargs, can_return_tuple
@@ -903,9 +905,13 @@ STABLE_PREFIX = "Stable"
 _STABLE_CLASSES = {}  # stock class -> Stable class, built once
 
 
+_BUILT_CLASSIFIERS = {}  # model_type -> the classifier transformers would write for a causal LM that has none
+
+
 def decoder_classifier(model_type: str) -> type:
-    """The stock decoder classifier of a model type: built on GenericForSequenceClassification, or an older one that
-    also pools the last non-pad token (GPT-2, Pythia, OPT, BLOOM, ...). A ValueError names why a type cannot be
+    """The decoder classifier of a model type: transformers' own (built on GenericForSequenceClassification, or an
+    older one that also pools the last non-pad token: GPT-2, Pythia, OPT, BLOOM, ...), or, for a causal LM that has
+    none, the class transformers would write for it (`built_classifier`). A ValueError names why a type cannot be
     classified with the contract."""
     transformers = importlib.import_module("transformers")
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
@@ -913,34 +919,56 @@ def decoder_classifier(model_type: str) -> type:
     stock = getattr(transformers, name, None) if isinstance(name, str) else None
     if stock is not None and issubclass(stock, GenericForSequenceClassification):
         return stock
-    if stock is None:
+    causal_name = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    causal = getattr(transformers, causal_name, None) if isinstance(causal_name, str) else None
+    if stock is None and causal is None:
         raise ValueError(
-            f"model_type={model_type!r} cannot be classified yet: transformers {transformers.__version__} has no "
-            "sequence classifier for it (classifiers for causal LMs without one are not built yet)."
+            f"model_type={model_type!r} cannot be classified: transformers {transformers.__version__} has neither a "
+            "sequence classifier nor a causal LM for it."
         )
-    refusal = why_not_a_decoder(model_type, stock)
+    refusal = why_not_a_decoder(model_type, stock or causal, stock)
     if refusal:
         raise ValueError(f"model_type={model_type!r} cannot be classified with stable_models' guarantees: {refusal}.")
-    return stock
+    return stock or built_classifier(model_type, causal)
 
 
-def why_not_a_decoder(model_type: str, stock: type) -> str | None:
-    """Why a model type's stock classifier is no decoder-only text classifier whose decoder layers the mask guard
-    reaches (None: it is one)."""
+def why_not_a_decoder(model_type: str, model_class: type, stock: type | None) -> str | None:
+    """Why a model type is no decoder-only text model whose decoder layers the mask guard reaches (None: it is one).
+    `model_class` is its stock classifier or, where it has none, its causal LM."""
+    transformers = importlib.import_module("transformers")
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
-    module = sys.modules[stock.__module__]
-    if is_encoder_decoder(stock.config_class):
-        return "it is an encoder-decoder model (its decoder reads an encoder's output)"
+    generation = importlib.import_module("transformers.generation")
+    configs = importlib.import_module("transformers.models.auto.configuration_auto")
+    module = sys.modules[model_class.__module__]
+    if any(is_encoder_decoder(c) for c in (model_class.config_class, configs.CONFIG_MAPPING[model_type])):
+        return "it is the decoder of an encoder-decoder model (it reads an encoder's output)"
+    if stock is None and "is_decoder" in inspect.getsource(model_class.__init__):
+        return "it is a bidirectional encoder that only its causal LM turns into a decoder (is_decoder=True)"
     backbone_name = auto.MODEL_MAPPING_NAMES.get(model_type)
-    backbone = (
-        getattr(importlib.import_module("transformers"), backbone_name, None)
-        if isinstance(backbone_name, str)
-        else None
-    )
+    backbone = getattr(transformers, backbone_name, None) if isinstance(backbone_name, str) else None
     if backbone is None:
         return "transformers has no base model (AutoModel) for it to put a classifier on"
+    type_config = configs.CONFIG_MAPPING[model_type]
+    if backbone.config_class in (getattr(type_config, "sub_configs", None) or {}).values():
+        return (
+            f"its base model ({backbone.__name__}) is one part of a larger model (it reads the "
+            f"{backbone.config_class.__name__} inside {type_config.__name__})"
+        )
     if backbone.main_input_name != "input_ids":
         return f"it is not a text model (its base model reads {backbone.main_input_name})"
+    if issubclass(backbone, generation.GenerationMixin):
+        return (
+            f"its base model ({backbone.__name__}) is a generation model whose output has no last_hidden_state; "
+            "classify with its text model's type instead"
+        )
+    returns = inspect.signature(backbone.forward).return_annotation
+    outputs = [a for a in typing.get_args(returns) or (returns,) if isinstance(a, type) and issubclass(a, ModelOutput)]
+    missing = outputs and sorted(generic_reads() - set(outputs[0].__dataclass_fields__))
+    if stock is None and missing:
+        return (
+            f"its base model returns {outputs[0].__name__}, without the {', '.join(missing)} that "
+            "GenericForSequenceClassification reads (a recurrent model without attention)"
+        )
     if "attention_mask" not in inspect.signature(backbone.forward).parameters:
         return "its base model takes no attention_mask, so padding would run into its state"
     if not any(
@@ -952,11 +980,33 @@ def why_not_a_decoder(model_type: str, stock: type) -> str | None:
         return "its layers are not GradientCheckpointingLayers, so the mask guard cannot reach their attention masks"
     if model_type in PADDING_REACHES_REAL_TOKENS:
         return PADDING_REACHES_REAL_TOKENS[model_type]
-    if "pad_token_id" not in inspect.getsource(stock.forward):  # decoder classifiers find the last non-pad token
-        return "its classifier is an encoder's (bidirectional attention, pooling a first or summary token)"
-    if "self.score" not in inspect.getsource(stock.__init__):
-        return f"its classifier head is not one linear `score` layer on the pooled token ({stock.__name__})"
+    if stock is not None:
+        if "pad_token_id" not in inspect.getsource(stock.forward):  # decoder classifiers find the last non-pad token
+            return "its classifier is an encoder's (bidirectional attention, pooling a first or summary token)"
+        if "self.score" not in inspect.getsource(stock.__init__):
+            return f"its classifier head is not one linear `score` layer on the pooled token ({stock.__name__})"
     return None
+
+
+@functools.cache
+def generic_reads() -> set[str]:
+    """The fields of the base model's output that GenericForSequenceClassification.forward reads."""
+    return set(re.findall(r"transformer_outputs\.(\w+)", inspect.getsource(GenericForSequenceClassification.forward)))
+
+
+def built_classifier(model_type: str, causal: type) -> type:
+    """`<Name>ForSequenceClassification(GenericForSequenceClassification, <Name>PreTrainedModel)`, exactly as
+    transformers writes its own (Llama, Qwen3, ...): `<Name>` from the config class, the backbone from AutoModel.
+    It is defined in the model's modeling module, so transformers answers class questions as for its own classes."""
+    if model_type not in _BUILT_CLASSIFIERS:
+        pretrained = next(c for c in causal.__mro__ if c.__name__.endswith("PreTrainedModel"))
+        config_class = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING[model_type]
+        name = config_class.__name__.removesuffix("Config") + "ForSequenceClassification"
+        cls = type(name, (GenericForSequenceClassification, pretrained), {"__module__": pretrained.__module__})
+        cls.__qualname__ = name
+        cls.config_class = config_class
+        _BUILT_CLASSIFIERS[model_type] = cls
+    return _BUILT_CLASSIFIERS[model_type]
 
 
 def is_encoder_decoder(config_class) -> bool:
@@ -997,10 +1047,16 @@ def stable_class(stock_class):
 
 
 def model_type_of(classifier_name: str) -> str | None:
-    """The model type whose stock classifier is called `classifier_name`."""
+    """The model type whose classifier is (or would be) called `classifier_name`: transformers' own classifiers by
+    name, built ones by their config class (`Gemma4TextForSequenceClassification` -> `Gemma4TextConfig`)."""
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    configs = importlib.import_module("transformers.models.auto.configuration_auto")
     for model_type, name in auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.items():
         if name == classifier_name:
+            return model_type
+    config_name = classifier_name.removesuffix("ForSequenceClassification") + "Config"
+    for model_type, name in configs.CONFIG_MAPPING_NAMES.items():
+        if name == config_name and model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             return model_type
     return None
 

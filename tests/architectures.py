@@ -27,6 +27,7 @@ class Arch:
     config_kwargs: dict = field(default_factory=dict)  # for the text model (on top of TINY)
     multimodal: dict | None = None  # top-level kwargs of a multimodal config; config_kwargs then go to text_config
     first_class: bool = False  # also in the full dtype x pooling x padding x feature matrix
+    shrink: bool = False  # start from SHRUNK (sizes the default config has) before TINY: rows added in bulk
 
     @property
     def stock_class(self):
@@ -34,7 +35,10 @@ class Arch:
 
     @property
     def origin(self) -> str:
-        """Where the stock class comes from: transformers' GenericForSequenceClassification or an older classifier."""
+        """Where the class comes from: transformers' GenericForSequenceClassification, an older stock classifier,
+        or built by stable_models for a causal LM that has none."""
+        if getattr(transformers, self.stock_class.__name__, None) is not self.stock_class:
+            return "built by stable_models"
         return "stock Generic" if issubclass(self.stock_class, GenericForSequenceClassification) else "stock legacy"
 
     @property
@@ -49,8 +53,8 @@ class Arch:
     def causal_lm_class(self):
         """The generative model whose checkpoint a user turns into a classifier (for multimodal configs: the
         image-text-to-text model)."""
-        names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if self.multimodal else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        return getattr(transformers, names[self.name])
+        names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if self.multimodal is not None else {}
+        return getattr(transformers, names.get(self.name) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.name])
 
     @property
     def has_sliding_window(self) -> bool:
@@ -239,8 +243,182 @@ TABLE = [
     Arch("gpt_neox", dict(rotary_pct=0.5), first_class=True),
     Arch("mpt", dict(d_model=32, n_layers=2, n_heads=4, expansion_ratio=2)),
     Arch("opt", dict(ffn_dim=64, word_embed_proj_dim=32)),
+    # Causal LMs without a stock classifier: stable_models builds the class transformers would write. Sizes from
+    # SHRUNK where the config has them (shrink=True), plus what the row says.
+    Arch("afmoe", shrink=True),
+    Arch("apertus", shrink=True),
+    Arch("apertus1p5_text", shrink=True),
+    Arch("aria_text", shrink=True),
+    Arch(
+        "bamba",
+        {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8},
+        shrink=True,
+    ),
+    Arch("beam", shrink=True),
+    Arch("bitnet", shrink=True),
+    Arch("codegen", {"rotary_dim": 4, "n_ctx": 64, "n_positions": 64}, shrink=True),
+    Arch("cohere", shrink=True),
+    Arch("cohere2", shrink=True),
+    Arch("cohere2_moe", shrink=True),
+    Arch("cwm", shrink=True),
+    Arch("deepseek_v32", {"num_key_value_heads": 4}, shrink=True),
+    Arch("dots1", shrink=True),
+    Arch("ernie4_5", shrink=True),
+    Arch("ernie4_5_moe", shrink=True),
+    Arch("exaone", shrink=True),
+    Arch("exaone_moe", shrink=True),
+    Arch(
+        "falcon_h1",
+        {
+            "attn_layer_indices": [1],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 16,
+            "mamba_d_state": 16,
+            "mamba_d_ssm": 64,
+            "mamba_chunk_size": 8,
+        },
+        shrink=True,
+    ),
+    Arch("flex_olmo", shrink=True),
+    Arch("flint", shrink=True),
+    Arch(
+        "gemma3n_text",
+        {
+            "num_kv_shared_layers": 0,
+            "intermediate_size": [64, 64],
+            "activation_sparsity_pattern": [0.0, 0.0],
+            "laurel_rank": 4,
+            "altup_num_inputs": 2,
+        },
+        shrink=True,
+    ),
+    Arch("gemma4", shrink=True, multimodal={}),
+    Arch("gemma4_text", shrink=True, first_class=True),
+    Arch("gemma4_unified", shrink=True, multimodal={}),
+    Arch("gemma4_unified_text", shrink=True),
+    Arch("glm4_moe", shrink=True),
+    Arch("glm4_moe_lite", {"num_key_value_heads": 4}, shrink=True),
+    Arch("glm_moe_dsa", {"num_key_value_heads": 4}, shrink=True),
+    Arch("granite", shrink=True, first_class=True),
+    Arch("granite_swa", shrink=True),
+    Arch("granitemoe", shrink=True),
+    Arch("granitemoe_swa", shrink=True),
+    Arch(
+        "granitemoehybrid",
+        {
+            "layer_types": ["linear_attention", "full_attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_head": 16,
+            "mamba_d_state": 16,
+            "mamba_chunk_size": 8,
+            "shared_intermediate_size": 16,
+        },
+        shrink=True,
+    ),
+    Arch("granitemoeshared", shrink=True),
+    Arch("hrm_text", shrink=True),
+    Arch("hy_v3", shrink=True),
+    Arch("hy_v4", shrink=True),
+    Arch("hyperclovax", shrink=True),
+    Arch("inkling2_loop_text", shrink=True),
+    Arch("inkling2_text", shrink=True),
+    Arch("inkling_text", shrink=True),
+    Arch("internlm3", shrink=True),
+    Arch("iquestcoder", shrink=True),
+    Arch("jais2", shrink=True),
+    Arch("kolibri1", shrink=True),
+    Arch("laguna", shrink=True),
+    Arch("lara_mini", shrink=True),
+    Arch("lfm2", shrink=True),
+    Arch("lfm2_moe", {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1}, shrink=True),
+    Arch("lfm3", shrink=True),
+    Arch("llama4_text", shrink=True, first_class=True),
+    Arch("longcat_flash", {"num_key_value_heads": 4}, shrink=True),
+    Arch("mellum", shrink=True),
+    Arch("mimo_v2_flash", shrink=True),
+    Arch("minimax_m2", shrink=True),
+    Arch("minimax_m3_vl_text", shrink=True),
+    Arch("moshi", shrink=True),
+    Arch("nanochat", shrink=True),
+    Arch(
+        "nemotron_h",
+        {
+            "layers_block_type": ["linear_attention", "full_attention"],
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 16,
+            "ssm_state_size": 16,
+            "chunk_size": 8,
+            "n_groups": 1,
+        },
+        shrink=True,
+    ),
+    Arch("olmo_hybrid", shrink=True),
+    Arch("olmoe", shrink=True),
+    Arch(
+        "qwen3_5_moe",
+        shrink=True,
+        multimodal=dict(
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                out_hidden_size=32,
+                deepstack_visual_indexes=[],
+            ),
+        ),
+    ),
+    Arch("qwen3_5_moe_text", shrink=True),
+    Arch("sarvam_mla", {"num_key_value_heads": 4}, shrink=True),
+    Arch("sarvam_moe", shrink=True),
+    Arch("solar_open", shrink=True),
+    Arch("vaultgemma", shrink=True),
+    Arch("xglm", shrink=True),
+    Arch("youtu", {"num_key_value_heads": 4}, shrink=True),
+    Arch("zaya", {"num_experts_per_tok": 1}, shrink=True),
 ]
 TABLE_BY_NAME = {arch.name: arch for arch in TABLE}
+# Supported by the rule (stable_models builds their class) but without a tiny config that builds and runs here yet:
+# not tested, so the docs say so. model_type -> what stopped the tiny config.
+NO_TINY_CONFIG_YET = {
+    "blt": "its default patcher, encoder and decoder sub-configs are large; a tiny set was not found in time",
+    "dbrx": "the tiny attn_config / ffn_config tried fail in its clamp (clip_qkv)",
+    "deepseek_v4": "the shrunk config differs by 0.37 with left padding; not yet told apart from a config artefact",
+    "dory": "its recurrent middle layers reshape the mask (9 vs 7) with the tiny config tried",
+    "dots3_note": "per-layer attention configs reject the shrunk head counts",
+    "dots3_note_text": "per-layer attention configs reject the shrunk head counts",
+    "emu3": "its VQ-VAE image config needs values the shrunk config did not give",
+    "gemma3n": "its audio / vision towers need timm, which the test extras do not install",
+    "qwen4_exp": "its n-gram and indexer sizes are validated together; a tiny set was not found in time",
+    "qwen4_exp_text": "its n-gram and indexer sizes are validated together; a tiny set was not found in time",
+    "got_ocr2": "the default vision tower (91M parameters) needs a tiny vision config, not written yet",
+    "mllama": "the default vision tower (800M parameters) needs a tiny vision config, not written yet",
+    "moss_transcribe_diarize": "the default audio tower (300M parameters) needs a tiny audio config, not written yet",
+    "phi4_multimodal": "the default vision and audio towers (870M parameters) need tiny configs, not written yet",
+    "bailing_hybrid": "the shrunk linear-attention sizes fail on a 9-token batch (shape [-1, 8, 0])",
+    "kimi_linear": "the shrunk MoE sizes fail on a 9-token batch (top-k out of range)",
+}
+# The default run's sample: a test parametrized with a row outside it runs with -m exhaustive only (conftest.py).
+# Each family, mask kind (full, sliding, chunked, ALiBi, inverted bool), cache kind (attention, Mamba, gated delta,
+# short convolution), MoE and MLA, multimodal, each legacy backbone kind, and classes stable_models builds itself.
+DEFAULT_SAMPLE = {
+    "qwen2",  # sliding window on some layers, the user story's model
+    "gemma2",  # softcapping, sliding window, eager only
+    "llama",  # plain dense
+    "qwen3_moe",  # MoE
+    "deepseek_v3",  # MLA + MoE
+    "qwen3_next",  # gated delta (linear attention) hybrid
+    "jamba",  # Mamba hybrid
+    "gemma3",  # multimodal, text-only input
+    "qwen3_5",  # multimodal hybrid
+    "gpt2",  # legacy: positional mask, Conv1D
+    "mpt",  # legacy: ALiBi, True = masked bool masks
+    "gpt_neox",  # legacy: partial rotary
+    "gemma4_text",  # built: per-layer head dims
+    "llama4_text",  # built: chunked attention
+    "lfm2",  # built: short convolution cache
+    "granite",  # built: multipliers
+}
 # the installed transformers decides which rows exist (the 4.57 floor has fewer)
 ARCHITECTURES = [arch for arch in TABLE if arch.name in stable_models.supported_model_types()]
 FIRST_CLASS = [arch for arch in ARCHITECTURES if arch.first_class]
@@ -249,6 +427,43 @@ ARCH_ATTN = [(arch, attn) for arch in FIRST_CLASS for attn in arch.attn_implemen
 ARCH_ATTN_IDS = [f"{arch}-{attn}" for arch, attn in ARCH_ATTN]
 ALL_ARCH_ATTN = [(arch, attn) for arch in ARCHITECTURES for attn in arch.attn_implementations]
 ALL_ARCH_ATTN_IDS = [f"{arch}-{attn}" for arch, attn in ALL_ARCH_ATTN]
+
+# For rows with shrink=True: sizes applied where the config has the attribute (hidden 32, 2 layers come from TINY).
+SHRUNK = dict(
+    intermediate_size=64,
+    head_dim=8,
+    max_position_embeddings=64,
+    sliding_window=W,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    kv_lora_rank=16,
+    q_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    global_head_dim=16,
+    hidden_size_per_layer_input=16,
+    vocab_size_per_layer_input=VOCAB,
+)
+
+
+def shrunk(config_class) -> dict:
+    """SHRUNK's sizes that the config class's text config has, and its layer pattern cut to two layers."""
+    default = config_class().get_text_config().to_dict()
+    kwargs = {key: value for key, value in SHRUNK.items() if key in default}
+    if default.get("layer_types"):
+        kinds = list(dict.fromkeys(default["layer_types"]))
+        kwargs["layer_types"] = kinds if len(kinds) >= 2 else kinds * 2
+    return kwargs
+
 
 TINY = dict(
     vocab_size=VOCAB,
@@ -266,7 +481,7 @@ TINY = dict(
 def make_config(arch: Arch, attn: str = "eager", **overrides):
     """A tiny config of the architecture; `overrides` change the text model (num_labels: the classifier)."""
     num_labels = overrides.pop("num_labels", 3)
-    kwargs = {**TINY, **arch.config_kwargs, **overrides}
+    kwargs = {**(shrunk(arch.config_class) if arch.shrink else {}), **TINY, **arch.config_kwargs, **overrides}
     if "layer_types" in kwargs:  # repeat the pattern when a test asks for more layers
         pattern = kwargs["layer_types"]
         kwargs["layer_types"] = [pattern[i % len(pattern)] for i in range(kwargs["num_hidden_layers"])]

@@ -5,7 +5,20 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-torch.set_num_threads(2)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # -n auto: a worker per core
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items):
+    """A case of a row outside architectures.DEFAULT_SAMPLE belongs to -m exhaustive: one rule for every test that
+    is parametrized over the table, so the default run takes the sample and -m exhaustive the rest."""
+    from architectures import DEFAULT_SAMPLE, Arch
+
+    for item in items:
+        values = list(getattr(getattr(item, "callspec", None), "params", {}).values())
+        values += [v for value in values if isinstance(value, tuple) for v in value]
+        if any(isinstance(v, Arch) and v.name not in DEFAULT_SAMPLE for v in values):
+            item.add_marker(pytest.mark.exhaustive)
 
 
 @pytest.fixture(autouse=True)

@@ -17,9 +17,15 @@ RECORDED = []
 
 
 def visible(attention_mask):
-    """The boolean view of a mask: True where a query may attend (Doge hands kernels an additive float mask)."""
-    if attention_mask is None or attention_mask.dtype == torch.bool:
+    """The boolean view of a mask: True where a query may attend (Doge hands kernels an additive float mask; MPT
+    hands its layers bool masks with True = masked, told apart as the core does: the first query never sees the last
+    key of a causal mask)."""
+    if attention_mask is None:
         return attention_mask
+    if attention_mask.dtype == torch.bool:
+        if attention_mask.shape[-2] == 1:
+            return attention_mask
+        return torch.where(attention_mask[..., :1, -1:], ~attention_mask, attention_mask)
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 

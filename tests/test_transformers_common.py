@@ -152,7 +152,9 @@ def test_transformers_every_check(name):  # dense, MoE, hybrid: about a minute e
 
 
 @pytest.mark.exhaustive
-@pytest.mark.parametrize("name", sorted(set(BY_NAME) - set(SAMPLE)))
+# the classes built on GenericForSequenceClassification by transformers; the older stock classifiers and the classes
+# stable_models builds are not run through this suite yet
+@pytest.mark.parametrize("name", sorted(n for n in set(BY_NAME) - set(SAMPLE) if BY_NAME[n].origin == "stock Generic"))
 def test_transformers_named_checks_every_architecture(name):
     check_all(BY_NAME[name], NAMED_CHECKS)
 
