@@ -276,6 +276,8 @@ class LayerMaskGuard:
         return args, kwargs
 
     def safe(self, mask):
+        if isinstance(mask, dict):  # one mask per kind, built per layer (Zaya: {"causal": 4-D, "conv": 2-D})
+            return {kind: self.safe(value) for kind, value in mask.items()}
         if mask is None or torch.compiler.is_compiling():
             return safe_attention_mask(mask, self.past_length)
         for built, safe in self.cache:
@@ -1002,7 +1004,11 @@ def built_classifier(model_type: str, causal: type) -> type:
         pretrained = next(c for c in causal.__mro__ if c.__name__.endswith("PreTrainedModel"))
         config_class = importlib.import_module("transformers.models.auto.configuration_auto").CONFIG_MAPPING[model_type]
         name = config_class.__name__.removesuffix("Config") + "ForSequenceClassification"
-        cls = type(name, (GenericForSequenceClassification, pretrained), {"__module__": pretrained.__module__})
+        # the model's own backbone attribute where it names one (GPT-style models: `transformer`), so the causal LM's
+        # checkpoint loads; else Generic's `model`, as in transformers' own Generic classes
+        prefix = pretrained.base_model_prefix or GenericForSequenceClassification.base_model_prefix
+        attributes = {"__module__": pretrained.__module__, "base_model_prefix": prefix}
+        cls = type(name, (GenericForSequenceClassification, pretrained), attributes)
         cls.__qualname__ = name
         cls.config_class = config_class
         _BUILT_CLASSIFIERS[model_type] = cls

@@ -57,6 +57,12 @@ class Arch:
         return getattr(transformers, names.get(self.name) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[self.name])
 
     @property
+    def has_causal_lm(self) -> bool:
+        return self.name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            self.multimodal is not None and self.name in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        )
+
+    @property
     def has_sliding_window(self) -> bool:
         return "sliding_window" in self.config_kwargs
 
@@ -316,7 +322,7 @@ TABLE = [
         shrink=True,
     ),
     Arch("granitemoeshared", shrink=True),
-    Arch("hrm_text", shrink=True),
+    Arch("hrm_text", {"num_layers_per_stack": 1, "H_cycles": 1, "L_cycles": 1, "L_bp_cycles": [1]}, shrink=True),
     Arch("hy_v3", shrink=True),
     Arch("hy_v4", shrink=True),
     Arch("hyperclovax", shrink=True),
@@ -333,7 +339,7 @@ TABLE = [
     Arch("lfm2_moe", {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1}, shrink=True),
     Arch("lfm3", shrink=True),
     Arch("llama4_text", shrink=True, first_class=True),
-    Arch("longcat_flash", {"num_key_value_heads": 4}, shrink=True),
+    Arch("longcat_flash", {"num_key_value_heads": 4, "zero_expert_num": 1}, shrink=True),
     Arch("mellum", shrink=True),
     Arch("mimo_v2_flash", shrink=True),
     Arch("minimax_m2", shrink=True),
@@ -452,6 +458,24 @@ SHRUNK = dict(
     global_head_dim=16,
     hidden_size_per_layer_input=16,
     vocab_size_per_layer_input=VOCAB,
+    unpadded_vocab_size=VOCAB,
+    ffn_dim=64,
+    ffn_hidden_size=64,
+    expert_ffn_hidden_size=16,
+    dense_intermediate_size=64,
+    shared_intermediate_size=16,
+    router_hidden_size=16,
+    index_head_dim=8,
+    index_n_heads=2,
+    swa_head_dim=8,
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=2,
+    moe_topk=2,
+    sliding_window_size=W,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
 )
 
 

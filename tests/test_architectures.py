@@ -32,7 +32,7 @@ from test_masks import RECORDED, probes, visible  # noqa: F401  (the fixture reg
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import stable_models
-from stable_models.modeling_stable import BATCH_COUPLED, with_self_attention
+from stable_models.modeling_stable import BATCH_COUPLED, mask_position, with_self_attention
 from stable_models.registry import refused_model_types
 
 LENGTHS = [9, 4, 6]  # up to 5 pads, longer than every sliding window (3)
@@ -116,8 +116,11 @@ def recorded(model, ids, mask):
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
     def record(layer, args, kwargs):
-        if isinstance(kwargs.get("attention_mask"), torch.Tensor) and kwargs["attention_mask"].dim() == 4:
-            RECORDED.append(visible(kwargs["attention_mask"]))
+        index = mask_position(type(layer))  # older layers (XGLM) take the mask positionally
+        given = kwargs.get("attention_mask", args[index] if index is not None and index < len(args) else None)
+        for value in given.values() if isinstance(given, dict) else [given]:  # Zaya: one mask per kind
+            if isinstance(value, torch.Tensor) and value.dim() == 4:
+                RECORDED.append(visible(value))
 
     handles = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in layers]  # after the guard's
     with torch.no_grad():
@@ -139,12 +142,15 @@ def test_each_layer_gets_its_backbones_mask_plus_self_attention(arch, side):
     assert len(masks) == len(stock_masks) >= attention_layer_count(stable.config) >= 1
     padding = mask.bool()
     for layer_mask, stock_mask in zip(masks, stock_masks, strict=True):
+        if stock_mask is None:  # a kernel call over another axis than the tokens (Inkling 2's loop): none either
+            assert layer_mask is None
+            continue
         assert layer_mask.any(-1).all(), "a query row with no visible key reached the attention kernel"
         real_queries_see = layer_mask[:, 0] & padding[:, :, None]
         assert not (real_queries_see & ~padding[:, None, :]).any(), "a real token attends to padding"
         assert torch.equal(layer_mask, with_self_attention(stock_mask))
     if side == "left" or arch.has_sliding_window:  # leading pads, or trailing pads outside every real window
-        assert any((~m.any(-1)).any() for m in stock_masks), "the stock class was expected to send empty rows"
+        assert any((~m.any(-1)).any() for m in stock_masks if m is not None), "the stock class sent no empty row"
 
 
 def test_minimax_full_attention_layers_get_the_sliding_mask_the_backbone_chose():
@@ -232,7 +238,7 @@ def test_readme_table_lists_exactly_the_architecture_table():
 
 @pytest.mark.skipif(transformers.__version__ != "5.24.0", reason="the refused table is written for transformers 5.24")
 def test_the_refused_table_is_what_the_registry_refuses():
-    section = SUPPORTED_MODELS.read_text().split("## Model types without a Stable class", 1)[1]
+    section = SUPPORTED_MODELS.read_text().split("## Model types without a Stable class", 1)[1].split("\n## ", 1)[0]
     rows = [
         line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ") and "`" in line
     ]
@@ -285,7 +291,7 @@ def test_stable_models_pickle_and_deepcopy_by_name():
             assert clone._mask_guard is not stable._mask_guard
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES, ids=str)
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a.has_causal_lm], ids=str)
 def test_a_causal_lm_checkpoint_loads_every_backbone_weight_and_initialises_only_the_head(arch, tmp_path):
     torch.manual_seed(0)
     causal = arch.causal_lm_class(make_config(arch))
@@ -317,3 +323,10 @@ def test_the_readme_counts_what_the_registry_supports():
     assert supported == len(stable_models.supported_model_types())
     assert tested == len(ARCHITECTURES)
     assert built == sum(Arch(t).origin == "built by stable_models" for t in stable_models.supported_model_types())
+
+
+def test_the_docs_list_the_types_built_but_not_tested():
+    section = SUPPORTED_MODELS.read_text().split("## Built but not yet tested here", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("|")[1].strip(" `") for line in section.splitlines() if line.startswith("| `")}
+    assert listed == set(NO_TINY_CONFIG_YET)
+    assert not listed & set(TABLE_BY_NAME)  # a type gets a row or is listed here, not both
