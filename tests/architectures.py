@@ -64,7 +64,9 @@ class Arch:
 
     @property
     def has_sliding_window(self) -> bool:
-        return "sliding_window" in self.config_kwargs
+        """A local attention window shorter than the padding: sliding (Mistral) or chunked (Llama 4)."""
+        kwargs = {**(shrunk(self.config_class) if self.shrink else {}), **self.config_kwargs}
+        return "sliding_window" in kwargs or "attention_chunk_size" in kwargs
 
     @property
     def mixes_layer_types(self) -> bool:
@@ -243,7 +245,11 @@ TABLE = [
     Arch("biogpt"),
     Arch("bloom", dict(n_layer=2, n_head=4)),
     Arch("falcon", dict(num_kv_heads=2, new_decoder_architecture=True)),
-    Arch("gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_inner=64), first_class=True),
+    Arch(
+        "gpt2",
+        dict(n_embd=32, n_layer=2, n_head=4, n_inner=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+        first_class=True,
+    ),
     Arch("gpt_bigcode", dict(n_embd=32, n_layer=2, n_head=4, n_inner=64)),
     Arch("gpt_neo", dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=W)),
     Arch("gpt_neox", dict(rotary_pct=0.5), first_class=True),
@@ -338,7 +344,7 @@ TABLE = [
     Arch("lfm2", shrink=True),
     Arch("lfm2_moe", {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1}, shrink=True),
     Arch("lfm3", shrink=True),
-    Arch("llama4_text", shrink=True, first_class=True),
+    Arch("llama4_text", {"attention_chunk_size": W}, shrink=True, first_class=True),  # chunks shorter than the padding
     Arch("longcat_flash", {"num_key_value_heads": 4, "zero_expert_num": 1}, shrink=True),
     Arch("mellum", shrink=True),
     Arch("mimo_v2_flash", shrink=True),

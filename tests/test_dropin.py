@@ -32,7 +32,7 @@ def test_same_constructor_attributes_and_state_dict(arch):
     stable = arch.stable_class(make_config(arch))
     stock = arch.stock_class(make_config(arch))
     assert isinstance(stable, arch.stock_class)
-    assert type(stable.model) is type(stock.model)
+    assert type(stable.base_model) is type(stock.base_model)
     assert isinstance(stable.score, torch.nn.Linear)
     assert stable.state_dict().keys() == stock.state_dict().keys()
     assert stable.config.classifier_pooling == "last"

@@ -85,7 +85,10 @@ def test_non_finite_inputs_embeds(models, value):
     with pytest.raises(ValueError, match=r"rows \[1\] of inputs_embeds contain NaN or inf"):
         stable(inputs_embeds=embeds, attention_mask=mask)
     with torch.no_grad():
-        assert not torch.isfinite(stock(inputs_embeds=embeds, attention_mask=mask).logits).all()
+        try:
+            assert not torch.isfinite(stock(inputs_embeds=embeds, attention_mask=mask).logits).all()
+        except RuntimeError as error:  # Gemma 4 reads per-layer inputs from input_ids: it refuses embeddings alone
+            assert "inputs_embeds" in str(error)
 
 
 def test_both_or_neither_of_ids_and_embeds(models):

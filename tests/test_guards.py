@@ -20,16 +20,23 @@ from transformers import Trainer, TrainerCallback
 from stable_models import NonFiniteError, NonFiniteGuard, StopOnNonFinite
 
 
+def final_norm(model):
+    """The text model's last norm (Llama-style `norm`; GPT-2 `ln_f`; GPT-NeoX `final_layer_norm`)."""
+    text_model = next((m for m in model.modules() if hasattr(m, "embed_tokens") and hasattr(m, "norm")), None)
+    if text_model is not None:
+        return text_model.norm
+    return [child for name, child in model.base_model.named_children() if "norm" in name or name == "ln_f"][-1]
+
+
 def overflowing_models(arch):
     """Stable and stock models whose fp32 activations exceed fp16's 65504 while every weight still fits in fp16."""
     stable, stock = make_models(arch)
     with torch.no_grad():
         for model in (stable, stock):  # scale the text model's final norm: its output is what the head reads
-            text_model = next(m for m in model.modules() if hasattr(m, "embed_tokens") and hasattr(m, "norm"))
-            text_model.norm.weight.fill_(6e4)
+            final_norm(model).weight.fill_(6e4)
     ids, mask = pad_batch(random_sequences([7, 4]), "left")
     with torch.no_grad():
-        hidden = stable.model(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        hidden = stable.base_model(ids, attention_mask=mask, output_hidden_states=True).hidden_states
     assert max(h.abs().max().item() for h in hidden) > 65504
     assert max(p.abs().max().item() for p in stable.parameters()) < 65504
     return stable.half(), stock.half(), ids, mask

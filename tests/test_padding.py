@@ -38,7 +38,7 @@ def test_mean_pooling_is_the_masked_mean_of_real_tokens(arch):
     with torch.no_grad():
         logits = stable(ids, attention_mask=mask).logits
         for row, seq in enumerate(sequences):
-            hidden = stable.model(seq[None]).last_hidden_state[0]
+            hidden = stable.base_model(seq[None]).last_hidden_state[0]
             expected = stable.score(hidden.double().mean(0).float())
             assert (logits[row] - expected).abs().max() <= FP32_TOL
 
@@ -50,7 +50,7 @@ def test_pad_equal_to_eos_pools_the_real_last_token(arch):
     sequences = [torch.cat([s, torch.tensor([EOS])]) for s in random_sequences(LENGTHS)]
     ids, mask = pad_batch(sequences, "right", pad_id=EOS)
     with torch.no_grad():
-        truth = torch.stack([stable.score(stable.model(s[None]).last_hidden_state[0, -1]) for s in sequences])
+        truth = torch.stack([stable.score(stable.base_model(s[None]).last_hidden_state[0, -1]) for s in sequences])
         assert (stable(ids, attention_mask=mask).logits - truth).abs().max() <= FP32_TOL
         assert (stock(ids, attention_mask=mask).logits - truth).abs().max() > 1e-2
 
@@ -96,11 +96,18 @@ def test_peft_prompt_tuning_pools_the_last_real_token(arch):
         sequences = random_sequences(LENGTHS)
         ids, mask = pad_batch(sequences, "right")
         with torch.no_grad():
-            batched = peft_model(input_ids=ids, attention_mask=mask).logits
+            try:
+                batched = peft_model(input_ids=ids, attention_mask=mask).logits
+            except RuntimeError as error:  # Gemma 4 reads per-layer inputs from input_ids: no virtual tokens
+                results[name] = str(error).split(".")[0]
+                continue
             alone = torch.cat(
                 [peft_model(input_ids=s[None], attention_mask=torch.ones(1, len(s))).logits for s in sequences]
             )
         results[name] = (batched - alone).abs().max()
+    if isinstance(results["stock"], str):  # the architecture refuses prompt tuning: the Stable class the same way
+        assert results["stable"] == results["stock"] and "inputs_embeds" in results["stock"]
+        return
     assert results["stable"] <= FP32_TOL
     assert results["stock"] > 1e-2
 
@@ -123,12 +130,22 @@ def test_position_ids_come_from_the_mask(arch):
     stable, _ = make_models(arch)
     seen = []
     rotary = next(
-        m for m in stable.modules() if type(m).__name__.endswith("RotaryEmbedding") and "Vision" not in type(m).__name__
+        (
+            m
+            for m in stable.modules()
+            if type(m).__name__.endswith("RotaryEmbedding") and "Vision" not in type(m).__name__
+        ),
+        None,
     )
-    hook = rotary.register_forward_hook(
-        lambda module, args, kwargs, out: seen.append(args[1] if len(args) > 1 else kwargs["position_ids"]),
-        with_kwargs=True,
-    )
+    if rotary is not None:
+        hook = rotary.register_forward_hook(
+            lambda module, args, kwargs, out: seen.append(args[1] if len(args) > 1 else kwargs["position_ids"]),
+            with_kwargs=True,
+        )
+    else:  # learned absolute positions (GPT-2): what the backbone is given
+        hook = stable.base_model.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs["position_ids"]), with_kwargs=True
+        )
     ids, mask = pad_batch(random_sequences([5, 2]), "left")
     with torch.no_grad():
         stable(ids, attention_mask=mask)
