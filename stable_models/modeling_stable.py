@@ -622,6 +622,11 @@ LOW_PRECISION_ADVICE = (
 PADDING_REACHES_REAL_TOKENS = {
     "zamba": "padding reaches real tokens through its Mamba layers (fp64, tiny config: NaN logits with left padding)",
     "zamba2": "padding reaches real tokens through its Mamba layers (fp64, tiny config: 3.9e-7 off either side)",
+    "deepseek_v4": (
+        "its compressed attention pools keys over fixed windows of compress_rate tokens counted from the start of the "
+        "row, so left padding mixes pads into the real tokens' compressed keys (tiny config, fp32: 0.37 off with left "
+        "padding, 4e-7 with right)"
+    ),
 }
 
 
@@ -678,6 +683,39 @@ def warn_if_batch_coupled(model) -> None:
         )
 
 
+# Model types whose class stable_models builds, but that its tests do not run yet (no tiny config of theirs builds and
+# runs there): model_type -> what stopped it. The class works as built; the guarantees are not verified, and it says so.
+NOT_YET_TESTED = {
+    "bailing_hybrid": "the shrunk linear-attention sizes fail on a 9-token batch (shape [-1, 8, 0])",
+    "blt": "its default patcher, encoder and decoder sub-configs are large; a tiny set was not found yet",
+    "dbrx": "the tiny attn_config / ffn_config tried fail in its clamp (clip_qkv)",
+    "dory": "its recurrent middle layers reshape the mask (9 vs 7) with the tiny config tried",
+    "dots3_note": "per-layer attention configs reject the shrunk head counts",
+    "dots3_note_text": "per-layer attention configs reject the shrunk head counts",
+    "emu3": "its VQ-VAE image config needs values the shrunk config did not give",
+    "gemma3n": "its audio / vision towers need timm, which the test extras do not install",
+    "got_ocr2": "the default vision tower (91M parameters) needs a tiny vision config, not written yet",
+    "kimi_linear": "the shrunk MoE sizes fail on a 9-token batch (top-k out of range)",
+    "mllama": "the default vision tower (800M parameters) needs a tiny vision config, not written yet",
+    "moss_transcribe_diarize": "the default audio tower (300M parameters) needs a tiny audio config, not written yet",
+    "phi4_multimodal": "the default vision and audio towers (870M parameters) need tiny configs, not written yet",
+    "qwen4_exp": "its n-gram and indexer sizes are validated together; a tiny set was not found yet",
+    "qwen4_exp_text": "its n-gram and indexer sizes are validated together; a tiny set was not found yet",
+}
+
+
+def warn_if_not_yet_tested(model) -> None:
+    """A class built for a model type the tests do not cover yet says so once, at construction."""
+    if why := NOT_YET_TESTED.get(model.config.model_type):
+        warnings.warn(
+            f"{type(model).__name__}: stable_models builds this class, but its tests do not cover "
+            f"model_type={model.config.model_type!r} yet ({why}), so padding invariance and parity with the stock "
+            "class are not verified for it. Check them on your data (stable_models doctor) before relying on them.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
 class StableSequenceClassificationMixin:
     """Put before a stock `*ForSequenceClassification` class: same constructor, weights, attributes and outputs.
 
@@ -707,6 +745,7 @@ class StableSequenceClassificationMixin:
         for layer in layers:
             layer.register_forward_pre_hook(self._mask_guard, with_kwargs=True)
         warn_if_batch_coupled(self)
+        warn_if_not_yet_tested(self)
         hide_false_pipeline_error()
 
     @classmethod

@@ -14,7 +14,12 @@ from transformers.models.auto.modeling_auto import (
 )
 
 import stable_models
-from stable_models.modeling_stable import RECURRENT_LAYER_KINDS, decoder_classifier, recurrent_layer_kinds
+from stable_models.modeling_stable import (
+    NOT_YET_TESTED,
+    RECURRENT_LAYER_KINDS,
+    decoder_classifier,
+    recurrent_layer_kinds,
+)
 
 PAD, EOS, BOS = 0, 1, 2
 VOCAB = 96
@@ -391,25 +396,8 @@ TABLE = [
 ]
 TABLE_BY_NAME = {arch.name: arch for arch in TABLE}
 # Supported by the rule (stable_models builds their class) but without a tiny config that builds and runs here yet:
-# not tested, so the docs say so. model_type -> what stopped the tiny config.
-NO_TINY_CONFIG_YET = {
-    "blt": "its default patcher, encoder and decoder sub-configs are large; a tiny set was not found in time",
-    "dbrx": "the tiny attn_config / ffn_config tried fail in its clamp (clip_qkv)",
-    "deepseek_v4": "the shrunk config differs by 0.37 with left padding; not yet told apart from a config artefact",
-    "dory": "its recurrent middle layers reshape the mask (9 vs 7) with the tiny config tried",
-    "dots3_note": "per-layer attention configs reject the shrunk head counts",
-    "dots3_note_text": "per-layer attention configs reject the shrunk head counts",
-    "emu3": "its VQ-VAE image config needs values the shrunk config did not give",
-    "gemma3n": "its audio / vision towers need timm, which the test extras do not install",
-    "qwen4_exp": "its n-gram and indexer sizes are validated together; a tiny set was not found in time",
-    "qwen4_exp_text": "its n-gram and indexer sizes are validated together; a tiny set was not found in time",
-    "got_ocr2": "the default vision tower (91M parameters) needs a tiny vision config, not written yet",
-    "mllama": "the default vision tower (800M parameters) needs a tiny vision config, not written yet",
-    "moss_transcribe_diarize": "the default audio tower (300M parameters) needs a tiny audio config, not written yet",
-    "phi4_multimodal": "the default vision and audio towers (870M parameters) need tiny configs, not written yet",
-    "bailing_hybrid": "the shrunk linear-attention sizes fail on a 9-token batch (shape [-1, 8, 0])",
-    "kimi_linear": "the shrunk MoE sizes fail on a 9-token batch (top-k out of range)",
-}
+# not tested; the class warns at construction and the docs list them (model_type -> what stopped the tiny config).
+NO_TINY_CONFIG_YET = NOT_YET_TESTED
 # The default run's sample: a test parametrized with a row outside it runs with -m exhaustive only (conftest.py).
 # Each family, mask kind (full, sliding, chunked, ALiBi, inverted bool), cache kind (attention, Mamba, gated delta,
 # short convolution), MoE and MLA, multimodal, each legacy backbone kind, and classes stable_models builds itself.
