@@ -217,7 +217,7 @@ def with_self_attention(mask: torch.Tensor, past_length: int = 0) -> torch.Tenso
         # transformers' masks say True = attend; some backbones hand their layers True = masked (MPT). The first
         # query never sees the last key (causal), so that entry tells the convention, per row, without a sync.
         masked_is_true = mask[..., :1, -1:]
-        return torch.where(masked_is_true, mask & ~own, mask | own)
+        return (mask | own) & ~(masked_is_true & own)  # True = masked: mask & ~own; else mask | own (no bool Where)
     # only masked entries (finfo.min or -inf) open up: a float mask may carry a bias too (MPT adds ALiBi to it)
     return mask.masked_fill(own & (mask <= torch.finfo(mask.dtype).min / 2), 0.0)
 
@@ -832,7 +832,9 @@ class StableSequenceClassificationMixin:
     ):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        compiling = torch.compiler.is_compiling()  # data-dependent checks and shortcuts would break the graph
+        # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
+        # data-dependent checks and shortcuts would break the graph or be frozen into it as constants: skip them
+        compiling = torch.compiler.is_compiling() or torch.jit.is_tracing()
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past_length = 0 if cache is None else cache.get_seq_length()
         if not compiling:
