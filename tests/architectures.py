@@ -109,6 +109,7 @@ GATED_DELTA = dict(
     linear_num_value_heads=4,
     layer_types=["linear_attention", "full_attention"],
 )
+MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=8)  # Bamba-style hybrids
 QWEN_WINDOW = dict(use_sliding_window=True, sliding_window=W, max_window_layers=1)
 GEMMA = dict(
     head_dim=16, query_pre_attn_scalar=16, sliding_window=W, layer_types=["sliding_attention", "full_attention"]
@@ -268,7 +269,7 @@ TABLE = [
     Arch("aria_text", shrink=True),
     Arch(
         "bamba",
-        {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 8},
+        {"attn_layer_indices": [1], **MAMBA2},
         shrink=True,
     ),
     Arch("beam", shrink=True),
@@ -286,14 +287,7 @@ TABLE = [
     Arch("exaone_moe", shrink=True),
     Arch(
         "falcon_h1",
-        {
-            "attn_layer_indices": [1],
-            "mamba_n_heads": 4,
-            "mamba_d_head": 16,
-            "mamba_d_state": 16,
-            "mamba_d_ssm": 64,
-            "mamba_chunk_size": 8,
-        },
+        {"attn_layer_indices": [1], "mamba_d_ssm": 64, **MAMBA2},
         shrink=True,
     ),
     Arch("flex_olmo", shrink=True),
@@ -322,14 +316,7 @@ TABLE = [
     Arch("granitemoe_swa", shrink=True),
     Arch(
         "granitemoehybrid",
-        {
-            "layer_types": ["linear_attention", "full_attention"],
-            "mamba_n_heads": 4,
-            "mamba_d_head": 16,
-            "mamba_d_state": 16,
-            "mamba_chunk_size": 8,
-            "shared_intermediate_size": 16,
-        },
+        {"layer_types": ["linear_attention", "full_attention"], "shared_intermediate_size": 16, **MAMBA2},
         shrink=True,
     ),
     Arch("granitemoeshared", shrink=True),
