@@ -70,8 +70,10 @@ class Arch:
     @property
     def has_sliding_window(self) -> bool:
         """A local attention window shorter than the padding: sliding (Mistral) or chunked (Llama 4)."""
-        kwargs = {**(shrunk(self.config_class) if self.shrink else {}), **self.config_kwargs}
-        return "sliding_window" in kwargs or "attention_chunk_size" in kwargs
+        if "sliding_window" in self.config_kwargs or "attention_chunk_size" in self.config_kwargs:
+            return True
+        kinds = getattr(make_config(self).get_text_config(), "layer_types", None) or []  # rows sized by SHRUNK
+        return any(kind in ("sliding_attention", "chunked_attention") for kind in kinds)
 
     @property
     def mixes_layer_types(self) -> bool:
@@ -268,6 +270,19 @@ TABLE = [
     Arch("apertus1p5_text", shrink=True),
     Arch("aria_text", shrink=True),
     Arch(
+        "bailing_hybrid",
+        dict(
+            num_key_value_heads=4,
+            num_experts_per_token=2,
+            num_expert_group=1,
+            topk_group=1,
+            linear_head_dim=8,
+            linear_num_heads=4,
+            layer_group_size=2,
+        ),
+        shrink=True,
+    ),
+    Arch(
         "bamba",
         {"attn_layer_indices": [1], **MAMBA2},
         shrink=True,
@@ -280,6 +295,18 @@ TABLE = [
     Arch("cohere2_moe", shrink=True),
     Arch("cwm", shrink=True),
     Arch("deepseek_v32", {"num_key_value_heads": 4}, shrink=True),
+    Arch(
+        "dbrx",
+        dict(
+            d_model=32,
+            n_heads=4,
+            n_layers=2,
+            max_seq_len=64,
+            attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+            ffn_config=dict(moe_num_experts=4, moe_top_k=2, ffn_hidden_size=64),
+        ),
+        shrink=True,
+    ),
     Arch("dots1", shrink=True),
     Arch("ernie4_5", shrink=True),
     Arch("ernie4_5_moe", shrink=True),
@@ -310,6 +337,23 @@ TABLE = [
     Arch("glm4_moe", shrink=True),
     Arch("glm4_moe_lite", {"num_key_value_heads": 4}, shrink=True),
     Arch("glm_moe_dsa", {"num_key_value_heads": 4}, shrink=True),
+    Arch(
+        "got_ocr2",
+        shrink=True,
+        multimodal=dict(
+            vision_config=dict(
+                hidden_size=16,
+                output_channels=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=16,
+                window_size=2,
+                global_attn_indexes=[1],
+                mlp_dim=32,
+            )
+        ),
+    ),
     Arch("granite", shrink=True, first_class=True),
     Arch("granite_swa", shrink=True),
     Arch("granitemoe", shrink=True),
@@ -330,6 +374,11 @@ TABLE = [
     Arch("internlm3", shrink=True),
     Arch("iquestcoder", shrink=True),
     Arch("jais2", shrink=True),
+    Arch(
+        "kimi_linear",
+        dict(num_key_value_heads=4, num_experts_per_token=2, linear_head_dim=8, linear_num_heads=4),
+        shrink=True,
+    ),
     Arch("kolibri1", shrink=True),
     Arch("laguna", shrink=True),
     Arch("lara_mini", shrink=True),
@@ -342,7 +391,38 @@ TABLE = [
     Arch("mimo_v2_flash", shrink=True),
     Arch("minimax_m2", shrink=True),
     Arch("minimax_m3_vl_text", shrink=True),
+    Arch(
+        "mllama",
+        dict(cross_attention_layers=[]),  # text-only input never runs a cross-attention layer
+        shrink=True,
+        multimodal=dict(
+            vision_config=dict(
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_global_layers=1,
+                attention_heads=2,
+                intermediate_size=32,
+                vision_output_dim=32,
+                image_size=28,
+                patch_size=14,
+                intermediate_layers_indices=[0],
+            )
+        ),
+    ),
     Arch("moshi", shrink=True),
+    Arch(
+        "moss_transcribe_diarize",
+        shrink=True,
+        multimodal=dict(
+            audio_config=dict(
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                hidden_size=16,
+                max_source_positions=16,
+            )
+        ),
+    ),
     Arch("nanochat", shrink=True),
     Arch(
         "nemotron_h",
@@ -371,6 +451,30 @@ TABLE = [
                 deepstack_visual_indexes=[],
             ),
         ),
+    ),
+    Arch(
+        "phi4_multimodal",
+        dict(
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+                crop_size=28,
+            ),
+            audio_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_blocks=1,
+                num_attention_heads=2,
+                ext_pw_out_channel=16,
+                depthwise_separable_out_channel=16,
+                nemo_conv_channels=16,
+            ),
+        ),
+        shrink=True,
     ),
     Arch("qwen3_5_moe_text", shrink=True),
     Arch("sarvam_mla", {"num_key_value_heads": 4}, shrink=True),
@@ -565,7 +669,8 @@ def attention_layer_count(config) -> int:
 # attention projections: q/v, Phi-3's fused qkv, Qwen3.5's linear-attention qkv, GPT-2's c_attn, GPT-NeoX's
 # query_key_value (peft needs one to match)
 LORA_TARGETS = ["q_proj", "v_proj", "qkv_proj", "in_proj_qkv", "c_attn", "query_key_value"]
-VISION_PARTS = ("vision_tower", "visual", "multi_modal_projector")  # unused by text-only input: no gradient
+# unused by text-only input: no gradient (Phi-4-multimodal keeps its image and audio embedders in embed_tokens_extend)
+VISION_PARTS = ("vision_tower", "visual", "multi_modal_projector", "vision_model", "embed_tokens_extend")
 
 
 def is_vision_part(parameter_name: str) -> bool:

@@ -333,15 +333,15 @@ def test_the_readme_counts_what_the_registry_supports():
 def test_the_docs_list_the_types_built_but_not_tested():
     section = SUPPORTED_MODELS.read_text().split("## Built but not yet tested here", 1)[1].split("\n## ", 1)[0]
     listed = {line.split("|")[1].strip(" `") for line in section.splitlines() if line.startswith("| `")}
-    assert listed == set(NO_TINY_CONFIG_YET)
+    assert listed == set(NO_TINY_CONFIG_YET) <= set(stable_models.supported_model_types())
     assert not listed & set(TABLE_BY_NAME)  # a type gets a row or is listed here, not both
 
 
 def test_a_class_built_for_a_type_the_tests_do_not_cover_says_so():
-    untested = Arch("kimi_linear", {"num_key_value_heads": 4}, shrink=True)  # builds; fails on a 9-token batch
-    if "kimi_linear" not in stable_models.supported_model_types():
-        pytest.skip("transformers before 5.24 has no kimi_linear")
-    with pytest.warns(UserWarning, match="tests do not cover model_type='kimi_linear' yet .*not verified"):
+    untested = Arch("dory", shrink=True)  # builds; its forward fails on the tiny config tried
+    if "dory" not in stable_models.supported_model_types():
+        pytest.skip("transformers before 5.24 has no dory")
+    with pytest.warns(UserWarning, match="tests do not cover model_type='dory' yet .*not verified"):
         untested.stable_class(make_config(untested))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a tested type constructs silently
