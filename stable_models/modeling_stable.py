@@ -630,6 +630,21 @@ PADDING_REACHES_REAL_TOKENS = {
 }
 
 
+# Measured: packed batches come out wrong below a transformers release, because its masks for the model type ignore
+# the position ids that separate the examples: model_type -> (first release that works, why).
+PACKING_NEEDS = {
+    "llama4_text": (
+        (5,),
+        "transformers 4.57's chunked-attention mask spans the packed examples (tiny config: 2.99 off)",
+    ),
+}
+
+
+def transformers_version() -> tuple[int, ...]:
+    version = importlib.import_module("transformers").__version__
+    return tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+
+
 # Where no wrapper can keep padding invariance: model_type -> (config flag that switches the coupling on, why).
 BATCH_COUPLED = {
     "doge": (
@@ -857,6 +872,12 @@ class StableSequenceClassificationMixin:
                         "a packed batch each example would see the ones before it. Pad instead of packing (a plain "
                         "DataCollatorWithPadding); padding keeps every guarantee for this model."
                     )
+                if (need := PACKING_NEEDS.get(self.config.model_type)) and transformers_version() < need[0]:
+                    raise ValueError(
+                        f"{type(self).__name__}: packed batches need transformers >= {'.'.join(map(str, need[0]))} "
+                        "for this model type "
+                        f"({need[1]}). Upgrade transformers, or pad instead of packing (DataCollatorWithPadding)."
+                    )
                 example_ids, position_ids = packed
                 attention_mask = padding_mask = None
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
@@ -1016,6 +1037,8 @@ def why_not_a_decoder(model_type: str, model_class: type, stock: type | None) ->
     if model_type in PADDING_REACHES_REAL_TOKENS:
         return PADDING_REACHES_REAL_TOKENS[model_type]
     if stock is not None:
+        if not stock.base_model_prefix:  # the Stable forward calls the backbone by that name
+            return f"its classifier ({stock.__name__}) names no base_model_prefix for its backbone"
         if "pad_token_id" not in inspect.getsource(stock.forward):  # decoder classifiers find the last non-pad token
             return "its classifier is an encoder's (bidirectional attention, pooling a first or summary token)"
         if "self.score" not in inspect.getsource(stock.__init__):

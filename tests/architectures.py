@@ -437,6 +437,7 @@ TABLE = [
         shrink=True,
     ),
     Arch("olmo_hybrid", shrink=True),
+    Arch("open-llama", shrink=True),  # transformers 4.57 only (deprecated there, gone in 5.x)
     Arch("olmoe", shrink=True),
     Arch(
         "qwen3_5_moe",

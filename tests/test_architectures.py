@@ -230,7 +230,8 @@ def test_readme_table_lists_exactly_the_architecture_table():
     installed = {f"`{arch.name}`": arch for arch in ARCHITECTURES}
     classes = [row[1] for row in rows if row[0] in installed]
     assert classes == [f"`{arch.stable_class.__name__}`" for arch in installed.values()]
-    assert [row[2] for row in rows if row[0] in installed] == [arch.origin for arch in installed.values()]
+    if not transformers.__version__.startswith("4."):  # the "from" column is written for 5.x
+        assert [row[2] for row in rows if row[0] in installed] == [arch.origin for arch in installed.values()]
     assert [row[0] for row in rows if row[4] == "yes"] == [f"`{arch.name}`" for arch in TABLE if arch.first_class]
     if transformers.__version__.startswith("4."):  # the floor column says what the 4.57 floor has
         assert [row[0] for row in rows if row[3] == "yes"] == [f"`{arch.name}`" for arch in ARCHITECTURES]
@@ -333,7 +334,9 @@ def test_the_readme_counts_what_the_registry_supports():
 def test_the_docs_list_the_types_built_but_not_tested():
     section = SUPPORTED_MODELS.read_text().split("## Built but not yet tested here", 1)[1].split("\n## ", 1)[0]
     listed = {line.split("|")[1].strip(" `") for line in section.splitlines() if line.startswith("| `")}
-    assert listed == set(NO_TINY_CONFIG_YET) <= set(stable_models.supported_model_types())
+    assert listed == set(NO_TINY_CONFIG_YET)
+    if not transformers.__version__.startswith("4."):  # the list is written for 5.x (4.57 refuses some of them)
+        assert not listed & set(refused_model_types())
     assert not listed & set(TABLE_BY_NAME)  # a type gets a row or is listed here, not both
 
 

@@ -7,6 +7,7 @@ Stable forward takes the graph-safe path under tracing, as under torch.compile.
 
 import pytest
 import torch
+import transformers
 from architectures import BY_NAME, make_models, pad_batch, random_sequences
 
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -55,7 +56,14 @@ def run(session, ids, mask):
 @pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
 @pytest.mark.parametrize("arch_name", ["qwen2", pytest.param("llama", marks=pytest.mark.exhaustive)])
 def test_onnx_runtime_gives_the_eager_logits(arch_name, dynamo, tmp_path):
-    stable, _ = make_models(BY_NAME[arch_name], attn="sdpa")
+    stable, stock = make_models(BY_NAME[arch_name], attn="sdpa")
+    if not dynamo and transformers.__version__.startswith("4."):
+        # transformers 4.57 builds masks with torch.vmap, which torch.jit.trace cannot record: the stock class fails
+        # to export the same way, so there is nothing for the Stable class to match on the floor
+        for model in (stock, stable):
+            with pytest.raises(RuntimeError, match="unordered_map"):
+                export(model, tmp_path / "model.onnx", dynamo)
+        return
     session = export(stable, tmp_path / "model.onnx", dynamo)
     sequences = random_sequences(LENGTHS)
     for side in ("left", "right"):

@@ -21,6 +21,7 @@ from test_masks import RECORDED, probes  # noqa: F401  (the fixture registers th
 from transformers import Trainer
 
 from stable_models import PackedCollator
+from stable_models.modeling_stable import PACKING_NEEDS, transformers_version
 from stable_models.packing import first_fit_decreasing, rows_near_the_longest
 
 LENGTHS = [9, 4, 6, 1, 5]
@@ -31,6 +32,12 @@ def packed(sequences, labels=None):
         {"input_ids": s} | ({"labels": labels[i]} if labels is not None else {}) for i, s in enumerate(sequences)
     ]
     return PackedCollator(max_tokens=None)(features)  # one row
+
+
+def packs(arch) -> bool:
+    """Packed batches are taken (others refuse them: recurrent layers, or a transformers release too old)."""
+    need = PACKING_NEEDS.get(arch.name)
+    return not has_recurrent_layers(arch) and not (need and transformers_version() < need[0])
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
@@ -49,6 +56,14 @@ def test_packed_logits_and_loss(arch, attn, pooling):
         with pytest.raises(ValueError, match="state runs along the whole row.*Pad instead of packing"):
             stable(**batch)
         return
+    if (need := PACKING_NEEDS.get(arch.name)) and transformers_version() < need[0]:  # measured wrong: refuse
+        with torch.no_grad():
+            hidden = stock.base_model(**{k: v for k, v in batch.items() if k != "labels"}).last_hidden_state[0]
+            alone = stock.base_model(sequences[1][None]).last_hidden_state[0, -1]
+        assert (hidden[LENGTHS[0] + LENGTHS[1] - 1] - alone).abs().max() > 1e-3  # the backbone mixes the examples
+        with pytest.raises(ValueError, match="packed batches need transformers >= 5.*pad instead of packing"):
+            stable(**batch)
+        return
     with torch.no_grad():
         out = stable(**batch)
         ids, mask = pad_batch(sequences, "left")
@@ -58,7 +73,7 @@ def test_packed_logits_and_loss(arch, attn, pooling):
     assert abs(out.loss - padded_loss) <= 1e-5
 
 
-@pytest.mark.parametrize("arch", [a for a in FIRST_CLASS if not has_recurrent_layers(a)], ids=str)  # others refuse
+@pytest.mark.parametrize("arch", [a for a in FIRST_CLASS if packs(a)], ids=str)  # others refuse
 def test_packed_masks_are_block_diagonal_without_empty_rows(arch):
     stable, _ = make_models(arch)
     sequences = random_sequences(LENGTHS)
@@ -91,7 +106,7 @@ def test_trainer_with_the_packing_collator(tmp_path):
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
 
 
-CAPPED_ARCH_ATTN = [(a, attn) for a, attn in ARCH_ATTN if not has_recurrent_layers(a)]
+CAPPED_ARCH_ATTN = [(a, attn) for a, attn in ARCH_ATTN if packs(a)]
 
 
 def test_default_rows_are_capped_at_the_longest_example():
@@ -155,7 +170,7 @@ def test_capped_rows_give_each_example_its_logits_in_feature_order(arch, attn, p
         )
 
 
-@pytest.mark.parametrize("arch", [a for a in FIRST_CLASS if not has_recurrent_layers(a)], ids=str)
+@pytest.mark.parametrize("arch", [a for a in FIRST_CLASS if packs(a)], ids=str)
 def test_capped_rows_masks_are_block_diagonal_and_padding_is_its_own_block(arch):
     stable, _ = make_models(arch)
     sequences = random_sequences(LENGTHS)
