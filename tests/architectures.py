@@ -112,6 +112,12 @@ GATED_DELTA = dict(
     layer_types=["linear_attention", "full_attention"],
 )
 MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=8)  # Bamba-style hybrids
+# a one-block vision tower for the Qwen3.5 multimodal configs (text-only input never runs it)
+QWEN3_5_VISION = dict(
+    vision_config=dict(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, deepstack_visual_indexes=[]
+    )
+)
 QWEN_WINDOW = dict(use_sliding_window=True, sliding_window=W, max_window_layers=1)
 GEMMA = dict(
     head_dim=16, query_pre_attn_scalar=16, sliding_window=W, layer_types=["sliding_attention", "full_attention"]
@@ -216,16 +222,7 @@ TABLE = [
         "qwen3_5",
         GATED_DELTA,
         first_class=True,
-        multimodal=dict(
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                out_hidden_size=32,
-                deepstack_visual_indexes=[],
-            ),
-        ),
+        multimodal=QWEN3_5_VISION,
     ),
     Arch("qwen3_5_text", GATED_DELTA),
     Arch(
@@ -442,16 +439,7 @@ TABLE = [
     Arch(
         "qwen3_5_moe",
         shrink=True,
-        multimodal=dict(
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                out_hidden_size=32,
-                deepstack_visual_indexes=[],
-            ),
-        ),
+        multimodal=QWEN3_5_VISION,
     ),
     Arch(
         "phi4_multimodal",
