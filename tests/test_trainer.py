@@ -36,17 +36,21 @@ def one_optimizer_step(model, tmp_path, batch_size, accumulation):
     trainer.train()
     update = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
     loss = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
-    return update, loss
+    return update, loss, trainer.model_accepts_loss_kwargs
 
 
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_accumulation_matches_the_big_batch(arch, tmp_path):
     ratios = {}
     for name in ("stable", "stock"):
-        big_update, big_loss = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 8, 1)
-        small_update, small_loss = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 2, 4)
+        big_update, big_loss, _ = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 8, 1)
+        small_update, small_loss, trusted = one_optimizer_step(make_models(arch)[name == "stock"], tmp_path, 2, 4)
         ratios[name] = (small_update.norm() / big_update.norm()).item(), small_loss / big_loss
         if name == "stable":
             assert (small_update - big_update).abs().max() <= 1e-5 * big_update.abs().max()
     assert ratios["stable"] == pytest.approx((1.0, 1.0), rel=1e-3)
-    assert ratios["stock"] == pytest.approx((4.0, 4.0), rel=1e-3)  # transformers#47688
+    # transformers#47688: Trainer stops dividing by the accumulation steps when the forward takes **kwargs, trusting it to
+    # use num_items_in_batch; the stock classifiers ignore it. An older stock forward without **kwargs (GPT-2 on 4.57)
+    # is divided by Trainer and so is right.
+    stock_ratio = 4.0 if trusted else 1.0
+    assert ratios["stock"] == pytest.approx((stock_ratio, stock_ratio), rel=1e-3)
