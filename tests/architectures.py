@@ -118,6 +118,58 @@ QWEN3_5_VISION = dict(
         depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, deepstack_visual_indexes=[]
     )
 )
+# MLA with equal query and key/value heads in both the indexed and the sliding layers (their validator's rule)
+DOTS3_NOTE = dict(
+    num_key_value_heads=4,
+    swa_num_attention_heads=4,
+    swa_num_key_value_heads=4,
+    swa_head_dim=8,
+    swa_qk_nope_head_dim=4,
+    swa_q_lora_rank=16,
+    swa_kv_lora_rank=16,
+    swa_v_head_dim=8,
+    index_topk=4,  # shorter than the test sequences, so the indexer selects
+)
+DOTS3_NOTE_TOWERS = dict(
+    vision_config=dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        adapter_in_dim=16,
+        adapter_out_dim=32,
+        pyramid_num_routed=[-1],
+    ),
+    audio_config=dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        adapter_input_size=16,
+        adapter_out_dim=32,
+        downsample_hidden_size=8,
+        feature_size=16,
+        max_position_embeddings=64,
+    ),
+)
+# the sparse indexer over a budget shorter than the test sequences, and one n-gram embedding layer (PLE)
+QWEN4_EXP = dict(
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=8,
+    indexer_budget=4,
+    indexer_compress_ratio=2,
+    hc_lowrank=8,
+    ple_layer_ids=[1],
+    ple_embed_dim=16,
+    heads_per_ngram=2,
+    ngram_vocab_size_base=97,
+    make_ngram_vocab_size_divisible_by=8,
+    split_ngram_parts=2,
+)
+QWEN4_EXP_VISION = dict(
+    vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
+)
 QWEN_WINDOW = dict(use_sliding_window=True, sliding_window=W, max_window_layers=1)
 GEMMA = dict(
     head_dim=16, query_pre_attn_scalar=16, sliding_window=W, layer_types=["sliding_attention", "full_attention"]
@@ -304,7 +356,19 @@ TABLE = [
         ),
         shrink=True,
     ),
+    Arch(  # 1 input, 1 looped, 1 output layer
+        "dory",
+        dict(
+            num_hidden_layers=3,
+            n_input_layers=1,
+            n_output_layers=1,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        shrink=True,
+    ),
     Arch("dots1", shrink=True),
+    Arch("dots3_note", DOTS3_NOTE, shrink=True, multimodal=DOTS3_NOTE_TOWERS),
+    Arch("dots3_note_text", DOTS3_NOTE, shrink=True),
     Arch("ernie4_5", shrink=True),
     Arch("ernie4_5_moe", shrink=True),
     Arch("exaone", shrink=True),
@@ -466,6 +530,8 @@ TABLE = [
         shrink=True,
     ),
     Arch("qwen3_5_moe_text", shrink=True),
+    Arch("qwen4_exp", QWEN4_EXP, shrink=True, multimodal=QWEN4_EXP_VISION),
+    Arch("qwen4_exp_text", QWEN4_EXP, shrink=True),
     Arch("sarvam_mla", {"num_key_value_heads": 4}, shrink=True),
     Arch("sarvam_moe", shrink=True),
     Arch("solar_open", shrink=True),

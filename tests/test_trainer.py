@@ -49,8 +49,8 @@ def test_accumulation_matches_the_big_batch(arch, tmp_path):
         if name == "stable":
             assert (small_update - big_update).abs().max() <= 1e-5 * big_update.abs().max()
     assert ratios["stable"] == pytest.approx((1.0, 1.0), rel=1e-3)
-    # transformers#47688: Trainer stops dividing by the accumulation steps when the forward takes **kwargs, trusting it to
-    # use num_items_in_batch; the stock classifiers ignore it. An older stock forward without **kwargs (GPT-2 on 4.57)
-    # is divided by Trainer and so is right.
+    # transformers#47688: Trainer stops dividing by the accumulation steps when the forward takes **kwargs, trusting
+    # it to use num_items_in_batch; the stock classifiers ignore it. An older stock forward without **kwargs (GPT-2
+    # on 4.57) is divided by Trainer and so is right.
     stock_ratio = 4.0 if trusted else 1.0
     assert ratios["stock"] == pytest.approx((stock_ratio, stock_ratio), rel=1e-3)
