@@ -426,6 +426,18 @@ SENTENCE_TRANSFORMERS_MODULES = [
 POOLING_FLAGS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
 
 
+def name_the_stock_architecture(folder: str, stock_name: str) -> None:
+    """config.json's `architectures` as the stock class would write it. vLLM and other engines refuse a Stable name
+    (they pick their implementation by it); `auto_map` still leads transformers to the Stable class."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as handle:
+        config = json.load(handle)
+    if config.get("architectures") != [stock_name]:
+        config["architectures"] = [stock_name]
+        with open(path, "w") as handle:
+            handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def write_pooling_files(folder: str, pooling: str, hidden_size: int) -> None:
     """A mean-pooled checkpoint carries modules.json + 1_Pooling/config.json (mean) so vLLM pools as we do (its
     default is the last token); a last-pooled one needs none, and files written here earlier are removed."""
@@ -782,9 +794,10 @@ class StableSequenceClassificationMixin:
         return (model, info) if wants_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """The stock save (which also writes auto_map and copies this code), with the pad_token_id serving engines
-        need (from a tokenizer next to the model or where it came from), the pooling files vLLM reads for a mean
-        pooled checkpoint, and a model card if none exists."""
+        """The stock save (which also writes auto_map and copies this code), with the stock class's name in
+        `architectures` (serving engines pick their implementation by it; transformers with trust_remote_code follows
+        auto_map to the Stable class), the pad_token_id serving engines need (from a tokenizer next to the model or
+        where it came from), the pooling files vLLM reads for a mean pooled checkpoint, and a model card."""
         main_process = kwargs.get("is_main_process", True)
         configs = {id(c): c for c in (self.config, self.config.get_text_config())}.values()
         pads = [getattr(c, "pad_token_id", None) for c in configs]  # a multimodal top level may have none at all
@@ -807,6 +820,8 @@ class StableSequenceClassificationMixin:
         super().save_pretrained(save_directory, *args, **kwargs)
         if not main_process:
             return
+        name_the_stock_architecture(str(save_directory), self.stock_class().__name__)
+        self.config.architectures = [self.stock_class().__name__]
         write_pooling_files(
             str(save_directory), self.config.classifier_pooling, self.config.get_text_config().hidden_size
         )

@@ -135,3 +135,22 @@ def test_sentence_transformer_loads_a_mean_checkpoint_as_a_mean_pooled_embedder(
     weights = batch["attention_mask"].unsqueeze(-1).float()
     mean = (hidden * weights).sum(1) / weights.sum(1)
     torch.testing.assert_close(embeddings, torch.nn.functional.normalize(mean, dim=-1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt2", "granite"])  # stock Generic, stock legacy, built
+def test_config_json_names_the_stock_architecture_and_auto_map_the_stable_class(name, tmp_path):
+    """vLLM picks its implementation by `architectures` and refuses a Stable name; transformers with
+    trust_remote_code follows auto_map. So the folder names the stock class there, as the stock save does."""
+    stable, stock = make_models(BY_NAME[name])
+    stable.save_pretrained(tmp_path / "stable")
+    stock.save_pretrained(tmp_path / "stock")
+    saved = json.loads((tmp_path / "stable" / "config.json").read_text())
+    stock_saved = json.loads((tmp_path / "stock" / "config.json").read_text())
+    assert saved["architectures"] == stock_saved["architectures"] == [type(stock).__name__]
+    assert saved["auto_map"]["AutoModelForSequenceClassification"].endswith("." + type(stable).__name__)
+    assert stable.config.architectures == [type(stock).__name__]
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "stable", trust_remote_code=True)
+    assert type(loaded).__name__ == type(stable).__name__
+    ids = torch.stack(random_sequences([6, 6]))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, stable(ids).logits, atol=1e-5, rtol=1e-5)  # sdpa vs eager
