@@ -303,6 +303,7 @@ def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling
     return (hidden_states.to(dtype) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
+@torch.compiler.disable  # data-dependent: under torch.compile it runs eagerly (a graph break), never frozen
 def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | None):
     """For a packed batch (position ids restart at 0 for each example inside a row; rows may end in padding):
     (example index of every token, -1 on padding; position ids in which each row's padding restarts at 0, so that
@@ -324,6 +325,16 @@ def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | Non
     return example_ids, torch.where(real, position_ids, pad_positions)
 
 
+@torch.compiler.disable  # a data-dependent check
+def in_feature_order(pooled: torch.Tensor, example_index: torch.Tensor) -> torch.Tensor:
+    """Pooled examples (row-major) put back in the order of the features: `example_index[k]` is example k's feature."""
+    example_index = example_index.to(pooled.device)
+    if not torch.equal(example_index.sort().values, torch.arange(len(pooled), device=pooled.device)):
+        raise ValueError(f"packed_example_index must be a permutation of the {len(pooled)} packed examples.")
+    return torch.empty_like(pooled).index_copy_(0, example_index, pooled)
+
+
+@torch.compiler.disable  # its output size is the number of examples, known only from the data
 def pool_packed(hidden_states: torch.Tensor, example_ids: torch.Tensor, pooling: str) -> torch.Tensor:
     """Pool each example of a packed batch (example ids -1 on padding): its last token, or the fp32 mean of its
     tokens; examples in row-major order."""
@@ -852,6 +863,14 @@ class StableSequenceClassificationMixin:
         # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
         # data-dependent checks and shortcuts would break the graph or be frozen into it as constants: skip them
         compiling = torch.compiler.is_compiling() or torch.jit.is_tracing()
+        if (getattr(torch.compiler, "is_exporting", bool)() or torch.jit.is_tracing()) and (
+            position_ids is not None or "packed_example_index" in kwargs
+        ):
+            raise ValueError(
+                f"{type(self).__name__}: export or trace with input_ids and attention_mask only. An exported graph "
+                "cannot tell a packed batch (position_ids restarting per example) from a padded one, so it would pool "
+                "one example per row; the Stable forward derives the positions of a padded batch from the mask."
+            )
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past_length = 0 if cache is None else cache.get_seq_length()
         if not compiling:
@@ -873,7 +892,7 @@ class StableSequenceClassificationMixin:
         example_ids = None
         example_index = kwargs.pop("packed_example_index", None)
         padding_mask = None if attention_mask is None else attention_mask != 0
-        if position_ids is not None and cache is None and not compiling:
+        if position_ids is not None and cache is None:  # under torch.compile: a graph break, exact results
             packed = packed_examples(position_ids, padding_mask)
             if packed is not None:
                 if kinds := recurrent_layer_kinds(self.config):
@@ -921,10 +940,7 @@ class StableSequenceClassificationMixin:
         else:
             pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
         if example_index is not None:  # back to the order of the features (rows of one example each: the same)
-            example_index = example_index.to(pooled.device)
-            if not torch.equal(example_index.sort().values, torch.arange(len(pooled), device=pooled.device)):
-                raise ValueError(f"packed_example_index must be a permutation of the {len(pooled)} packed examples.")
-            pooled = torch.empty_like(pooled).index_copy_(0, example_index, pooled)
+            pooled = in_feature_order(pooled, example_index)
         if outputs.last_hidden_state.dtype == torch.float16 and not compiling:
             if not torch.isfinite(pooled).all():
                 raise ValueError(
