@@ -5,7 +5,12 @@ Python decision on the data (is anything padded? is the first column padded?) wo
 Stable forward takes the graph-safe path under tracing, as under torch.compile.
 """
 
+import importlib.util
+import subprocess
+import sys
+
 import pytest
+import tiny_tokenizers
 import torch
 import transformers
 from architectures import BY_NAME, make_models, pad_batch, random_sequences
@@ -75,3 +80,37 @@ def test_onnx_runtime_gives_the_eager_logits(arch_name, dynamo, tmp_path):
     with torch.no_grad():
         eager = stable(ids, attention_mask=torch.ones_like(ids)).logits
     assert (run(session, ids, torch.ones_like(ids)) - eager).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("arch_name", ["qwen2", pytest.param("llama", marks=pytest.mark.exhaustive)])
+def test_optimum_cli_export_gives_the_eager_logits(arch_name, tmp_path):
+    """`optimum-cli export onnx --task text-classification --trust-remote-code` on a saved Stable folder, the route
+    users take to ONNX Runtime. optimum-onnx 0.1.0 needs transformers < 4.58, so CI runs this on the 4.57 floor."""
+    if importlib.util.find_spec("optimum.exporters.onnx") is None:
+        assert not transformers.__version__.startswith("4."), "the floor install must bring optimum-onnx (./dev)"
+        pytest.skip("optimum-onnx 0.1.0 pins transformers < 4.58: this runs on the floor install")
+    tokenizer = tiny_tokenizers.qwen2_like()
+    stable = make_models(BY_NAME[arch_name], attn="sdpa", vocab_size=len(tokenizer))[0]
+    stable.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    command = [
+        sys.executable,
+        "-m",
+        "optimum.commands.optimum_cli",
+        "export",
+        "onnx",
+        "--model",
+        str(tmp_path / "model"),
+    ]
+    command += ["--task", "text-classification", "--trust-remote-code", str(tmp_path / "onnx")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    sequences = random_sequences(LENGTHS)
+    unpadded = torch.stack([s[:4] for s in sequences])
+    batches = [pad_batch(sequences, "left"), pad_batch(sequences, "right"), (unpadded, torch.ones_like(unpadded))]
+    for ids, mask in batches:
+        with torch.no_grad():
+            eager = stable(ids, attention_mask=mask).logits
+        got = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+        assert (torch.from_numpy(got) - eager).abs().max() <= TOLERANCE
