@@ -24,3 +24,17 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _auto_mapping_restored():
+    """Loading a folder with trust_remote_code=True registers its remote class in AutoModelForSequenceClassification
+    for the config class, process-wide (transformers' own behaviour). Undo that after each test, so that what a plain
+    AutoModel load gives does not depend on which tests ran before on the same worker."""
+    from transformers import AutoModelForSequenceClassification
+
+    extra = AutoModelForSequenceClassification._model_mapping._extra_content
+    before = dict(extra)
+    yield
+    extra.clear()
+    extra.update(before)
