@@ -831,8 +831,8 @@ class StableSequenceClassificationMixin:
         super().save_pretrained(save_directory, *args, **kwargs)
         if not main_process:
             return
-        name_the_stock_architecture(str(save_directory), self.stock_class().__name__)
         self.config.architectures = [self.stock_class().__name__]
+        name_the_stock_architecture(str(save_directory), self.config.architectures[0])
         write_pooling_files(
             str(save_directory), self.config.classifier_pooling, self.config.get_text_config().hidden_size
         )
@@ -862,8 +862,9 @@ class StableSequenceClassificationMixin:
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
         # data-dependent checks and shortcuts would break the graph or be frozen into it as constants: skip them
-        compiling = torch.compiler.is_compiling() or torch.jit.is_tracing()
-        if (getattr(torch.compiler, "is_exporting", bool)() or torch.jit.is_tracing()) and (
+        tracing = torch.jit.is_tracing()
+        compiling = torch.compiler.is_compiling() or tracing
+        if (tracing or getattr(torch.compiler, "is_exporting", bool)()) and (
             position_ids is not None or "packed_example_index" in kwargs
         ):
             raise ValueError(
