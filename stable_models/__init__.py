@@ -26,7 +26,12 @@ __version__ = "0.2.0"
 
 
 def __getattr__(name: str):
-    """`stable_models.StableQwen3MoeForSequenceClassification` and the like, built on first use."""
+    """`stable_models.StableQwen3MoeForSequenceClassification` and the like, built on first use; `StableTrainer`
+    imported on first use (transformers' Trainer is slow to import)."""
+    if name == "StableTrainer":
+        from .trainer import StableTrainer
+
+        return StableTrainer
     return getattr(modeling_stable, name)
 
 
@@ -39,6 +44,7 @@ __all__ = [
     "PackedCollator",
     "PackedPairCollator",
     "StableSequenceClassificationMixin",
+    "StableTrainer",
     "StopOnNonFinite",
     "bradley_terry_loss",
     "check_checkpoint",

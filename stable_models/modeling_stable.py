@@ -12,6 +12,7 @@ import importlib
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -354,11 +355,47 @@ def pool_packed(hidden_states: torch.Tensor, example_ids: torch.Tensor, pooling:
     return sums / sizes
 
 
-def sequence_classification_loss(logits, labels, config, num_items_in_batch=None):
-    """fp32 loss for regression, single- and multi-label classification, as the stock class picks them.
+LOSS_OPTIONS = ("class_weights", "label_smoothing", "pos_weight")  # constructor arguments, saved in config.json
+WEIGHTED_BY_COUNT = (
+    "{name}: class_weights under gradient accumulation or several processes need the total class weight of the whole "
+    "batch, and transformers' Trainer passes only its label count: each micro-batch's loss is its own weighted mean, "
+    "scaled by its share of the labels (close, not exact). stable_models.StableTrainer passes the total "
+    "(label_weight_total), which makes the loss equal to F.cross_entropy(weight=...) on the one big batch."
+)
+
+
+def checked_loss_options(config, class_weights=None, label_smoothing=None, pos_weight=None) -> dict:
+    """The loss options (arguments first, then config.json), checked: one finite, non-negative weight per label."""
+    given = {"class_weights": class_weights, "label_smoothing": label_smoothing, "pos_weight": pos_weight}
+    options = {k: v if v is not None else getattr(config, k, None) for k, v in given.items()}
+    for name in ("class_weights", "pos_weight"):
+        value = options[name]
+        if value is None:
+            continue
+        weights = [float(w) for w in (value.tolist() if torch.is_tensor(value) else value)]
+        if len(weights) != config.num_labels:
+            raise ValueError(
+                f"{name} has {len(weights)} values for num_labels={config.num_labels}: give one weight per label, in "
+                "label-id order (config.id2label)."
+            )
+        if not all(math.isfinite(w) and w >= 0 for w in weights) or not any(weights):
+            raise ValueError(f"{name}={weights}: every weight must be finite and >= 0, and not all of them 0.")
+        options[name] = weights
+    smoothing = options["label_smoothing"]
+    if smoothing is not None:
+        if not (isinstance(smoothing, (int, float)) and 0.0 <= float(smoothing) < 1.0):
+            raise ValueError(f"label_smoothing={smoothing!r} must be a number in [0, 1) (0.1 is common).")
+        options["label_smoothing"] = float(smoothing)
+    return options
+
+
+def sequence_classification_loss(logits, labels, config, num_items_in_batch=None, label_weight_total=None, model=None):
+    """fp32 loss for regression, single- and multi-label classification, as the stock class picks them, with the
+    optional `class_weights` / `label_smoothing` (single-label) and `pos_weight` (multi-label) from the config.
 
     With `num_items_in_batch` (Trainer with gradient accumulation) the loss is a sum divided by the number of labels
-    in the whole accumulated batch, so micro-batches add up to the loss of one big batch.
+    in the whole accumulated batch, so micro-batches add up to the loss of one big batch. With class weights the
+    divisor of the big batch is the total weight of its labels, `label_weight_total` (StableTrainer passes it).
     """
     logits = logits.to(at_least_fp32(logits.dtype))
     labels = labels.to(logits.device)
@@ -369,6 +406,14 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
             f"got {tuple(labels.shape)}. For one class id per row pass integer labels and set "
             "config.problem_type='single_label_classification'."
         )
+    class_weights, smoothing, pos_weight = (getattr(config, name, None) for name in LOSS_OPTIONS)
+    for name, value, fits in (
+        ("class_weights", class_weights, "single_label_classification"),
+        ("label_smoothing", smoothing or None, "single_label_classification"),
+        ("pos_weight", pos_weight, "multi_label_classification"),
+    ):
+        if value is not None and problem_type != fits:
+            raise ValueError(f"{name} applies to {fits} only; this batch is {problem_type}. Unset {name}.")
     reduction = "mean" if num_items_in_batch is None else "sum"
     if problem_type == "regression":
         if config.num_labels == 1:
@@ -376,15 +421,41 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
         else:
             loss = F.mse_loss(logits, labels.to(logits.dtype), reduction=reduction)
     elif problem_type == "single_label_classification":
-        loss = F.cross_entropy(logits.view(-1, config.num_labels), labels.view(-1).long(), reduction=reduction)
+        logits, labels = logits.view(-1, config.num_labels), labels.view(-1).long()
+        weight = (
+            None if class_weights is None else torch.tensor(class_weights, dtype=logits.dtype, device=logits.device)
+        )
+        if weight is not None and label_weight_total is not None:
+            num_items_in_batch = label_weight_total
+        counted = weight is not None and num_items_in_batch is not None and label_weight_total is None
+        loss = F.cross_entropy(
+            logits, labels, weight=weight, label_smoothing=smoothing or 0.0, reduction="mean" if counted else reduction
+        )
+        if counted:  # this micro-batch's weighted mean, scaled by its share of the batch's labels
+            local = (labels != -100).sum()
+            if int(local) != int(num_items_in_batch) and not getattr(model, "_warned_weighted_by_count", True):
+                model._warned_weighted_by_count = True
+                name = type(model).__name__
+                warnings.warn(WEIGHTED_BY_COUNT.format(name=name), UserWarning, stacklevel=user_stacklevel())
+            loss = loss * local
     else:
-        loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction=reduction)
+        weight = None if pos_weight is None else torch.tensor(pos_weight, dtype=logits.dtype, device=logits.device)
+        loss = F.binary_cross_entropy_with_logits(
+            logits, labels.to(logits.dtype), pos_weight=weight, reduction=reduction
+        )
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss = loss / num_items_in_batch
     config.problem_type = problem_type  # as the stock class does, but only once the labels fit it
     return loss
+
+
+def label_weight_total(labels, class_weights):
+    """The divisor of a weighted mean cross-entropy: the class weights of the labels (ignored ones, -100, left out)."""
+    labels = labels.view(-1).long()
+    kept = labels[labels != -100]
+    return torch.tensor(class_weights, dtype=torch.float64, device=labels.device)[kept].sum()
 
 
 def infer_problem_type(labels, num_labels: int) -> str:
@@ -745,18 +816,26 @@ class StableSequenceClassificationMixin:
     """Put before a stock `*ForSequenceClassification` class: same constructor, weights, attributes and outputs.
 
     `pooling` ("last" or "mean") is a constructor / `from_pretrained` argument and is saved in `config.json` as
-    `classifier_pooling`.
+    `classifier_pooling`. So are the loss options, saved under their own names: `class_weights` (one per label) and
+    `label_smoothing` for single-label classification, `pos_weight` (one per label) for multi-label.
     """
 
     _keep_in_fp32_modules_strict = ["score"]
     accepts_loss_kwargs = True  # Trainer passes num_items_in_batch, and the loss honours it
 
-    def __init__(self, config, *args, pooling: str | None = None, **kwargs):
+    def __init__(
+        self, config, *args, pooling=None, class_weights=None, label_smoothing=None, pos_weight=None, **kwargs
+    ):
         pooling = pooling or getattr(config, "classifier_pooling", None) or DEFAULT_POOLING
         if pooling not in POOLING_MODES:
             raise ValueError(f"pooling={pooling!r} is not supported; use one of {POOLING_MODES}.")
+        options = checked_loss_options(config, class_weights, label_smoothing, pos_weight)
         config.classifier_pooling = pooling
+        for name, value in options.items():
+            if value is not None or hasattr(config, name):
+                setattr(config, name, value)
         super().__init__(config, *args, **kwargs)
+        self._warned_weighted_by_count = False
         self.score.__class__ = Fp32Linear  # same parameters and state-dict keys; only forward and dtype change
         self.score.float()
         text_config = config.get_text_config()
@@ -892,6 +971,7 @@ class StableSequenceClassificationMixin:
         # padding at the end of a row is a block of its own), and pooling works per example
         example_ids = None
         example_index = kwargs.pop("packed_example_index", None)
+        label_weight_total = kwargs.pop("label_weight_total", None)  # StableTrainer: class weights of the whole batch
         padding_mask = None if attention_mask is None else attention_mask != 0
         if position_ids is not None and cache is None:  # under torch.compile: a graph break, exact results
             packed = packed_examples(position_ids, padding_mask)
@@ -953,7 +1033,9 @@ class StableSequenceClassificationMixin:
 
         loss = None
         if labels is not None:
-            loss = sequence_classification_loss(logits, labels, self.config, num_items_in_batch)
+            loss = sequence_classification_loss(
+                logits, labels, self.config, num_items_in_batch, label_weight_total, model=self
+            )
         return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,

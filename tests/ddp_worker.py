@@ -1,5 +1,6 @@
 """Trainer run used by test_ddp.py: `torchrun --nproc_per_node 2 ddp_worker.py OUT --batch 4 [--packing]` or
-`python ddp_worker.py OUT --batch 8`; `--stock` trains the stock class. Writes the logged loss and grad-norm curves and
+`python ddp_worker.py OUT --batch 8`; `--stock` trains the stock class, `--class-weights` the Stable one with
+class weights and label smoothing. Writes the logged loss and grad-norm curves and
 a weight checksum to OUT (rank 0)."""
 
 import argparse
@@ -12,12 +13,11 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from architectures import BY_NAME, collate_left, cpu_training_args, make_models, toy_dataset  # noqa: E402
 from distributed import leave_process_group  # noqa: E402
-from transformers import Trainer  # noqa: E402
 
-from stable_models import PackedCollator  # noqa: E402
+from stable_models import PackedCollator, StableTrainer  # noqa: E402
 
 
-class SequentialTrainer(Trainer):
+class SequentialTrainer(StableTrainer):  # Trainer, plus the class-weight total across processes
     """Examples in dataset order, so one process with batch 2B sees what two processes with batch B see together."""
 
     def _get_train_sampler(self, *args, **kwargs):
@@ -31,10 +31,15 @@ def main():
     parser.add_argument("--packing", action="store_true")
     parser.add_argument("--max-tokens", type=int, default=None, help="with --packing: rows of at most N tokens")
     parser.add_argument("--stock", action="store_true", help="train the stock class (same weights) instead")
+    parser.add_argument("--class-weights", action="store_true", help="class_weights [1, 3, 0.25], label_smoothing 0.1")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dataset = toy_dataset([3 + (7 * i) % 11 for i in range(32)], seed=6)
     model = make_models(BY_NAME["qwen2"])[1 if args.stock else 0]
+    if args.class_weights:
+        weighted = type(model)(model.config, class_weights=[1.0, 3.0, 0.25], label_smoothing=0.1)
+        weighted.load_state_dict(model.state_dict())
+        model = weighted
     training = cpu_training_args(
         os.path.join(os.path.dirname(args.out), "trainer"),
         per_device_train_batch_size=args.batch,

@@ -1,4 +1,5 @@
-"""Two gloo DDP processes (torchrun) with batch B give the loss curve of one process with batch 2B."""
+"""Two gloo DDP processes (torchrun) with batch B give the loss curve of one process with batch 2B (also with class
+weights and label smoothing: StableTrainer gathers the total class weight across processes)."""
 
 from pathlib import Path
 
@@ -9,13 +10,17 @@ WORKER = Path(__file__).with_name("ddp_worker.py")
 
 
 def run(tmp_path, name, processes, batch, packing, stock=False):
-    extra = {"padding": [], "one-row": ["--packing"], "capped": ["--packing", "--max-tokens", "16"]}[packing]
+    extra = {
+        "padding": [],
+        "one-row": ["--packing"],
+        "capped, class weights": ["--packing", "--max-tokens", "16", "--class-weights"],
+    }[packing]
     extra += ["--stock"] if stock else []
     return run_worker(WORKER, tmp_path / f"{name}.json", "--batch", str(batch), *extra, processes=processes)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packing", ["padding", "one-row", "capped"])
+@pytest.mark.parametrize("packing", ["padding", "one-row", "capped, class weights"])
 def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
     single = run(tmp_path, "single", 1, 8, packing)
     ddp = run(tmp_path, "ddp", 2, 4, packing)

@@ -1,0 +1,39 @@
+"""`StableTrainer`: transformers' Trainer, with class-weighted losses exact under gradient accumulation and DDP.
+
+A weighted mean cross-entropy divides by the total class weight of the labels in the batch. Under gradient
+accumulation (or across processes) the batch is spread over micro-batches, and Trainer tells the model only how many
+labels the whole batch holds. StableTrainer also counts their total weight, across processes when Trainer averages
+over them, and passes it to the forward as `label_weight_total`: the micro-batch losses then add up to
+`F.cross_entropy(weight=class_weights, label_smoothing=...)` on the one big batch. Everything else is Trainer's.
+"""
+
+from transformers import Trainer
+
+from .modeling_stable import label_weight_total
+
+
+class StableTrainer(Trainer):
+    """`Trainer` that passes the total class weight of each accumulated batch to a Stable model with class_weights."""
+
+    _label_weight_total = None
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        count = super()._get_num_items_in_batch(batch_samples, device)
+        weights = getattr(self.model.config, "class_weights", None)
+        self._label_weight_total = None
+        if (
+            count is None
+            or weights is None
+            or self.model.config.problem_type not in (None, "single_label_classification")
+        ):
+            return count
+        total = sum(label_weight_total(batch["labels"], weights) for batch in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            total = self.accelerator.gather(total).sum()  # as Trainer gathers the count
+        self._label_weight_total = total
+        return count
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self._label_weight_total is not None and num_items_in_batch is not None:
+            inputs = {**inputs, "label_weight_total": self._label_weight_total}
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
