@@ -168,7 +168,7 @@ def run_one(model, batch, alone_inputs, labels):
     with torch.no_grad():
         batched = model(**batch).logits.float()
         alone = torch.cat([model(**inputs).logits.float() for inputs in alone_inputs])
-        halved = model(**batch, labels=labels, num_items_in_batch=2 * len(labels)).loss
+        halved = model(**batch, labels=labels, num_items_in_batch=2 * labels.numel()).loss
         full = model(**batch, labels=labels).loss
     result = {
         "finite": finite,

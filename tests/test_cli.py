@@ -1,0 +1,277 @@
+"""`stable-models train / evaluate / predict` end to end on a tiny Qwen2 causal LM (a real byte-level BPE tokenizer)
+and small data files in every format. In-process (`cli.main`), except one run of the installed console script."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_doctor import save_checkpoint
+from tiny_tokenizers import qwen2_like
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from stable_models import cli
+
+pandas = pytest.importorskip("pandas")
+datasets = pytest.importorskip("datasets")
+
+WORDS = ["great", "awful", "fine", "dull", "loved", "bad", "good", "plot", "actor", "film"]
+POSITIVE = {"great", "loved", "good", "fine"}
+
+
+def review(i):
+    """Short texts whose label follows from their words, so a few steps learn something."""
+    words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(1 + i % 4)]
+    return " ".join(words), sum(w in POSITIVE for w in words) > len(words) / 2
+
+
+def rows(kind, count=40):
+    out = []
+    for i in range(count):
+        text, positive = review(i)
+        label = {
+            "string": "pos" if positive else "neg",
+            "integer": int(positive) + (i % 5 == 0),  # three classes: 0, 1, 2
+            "multi": ["pos"] + (["long"] if len(text) > 12 else [])
+            if positive
+            else (["long"] if len(text) > 12 else []),
+            "regression": float(sum(w in POSITIVE for w in text.split())) / len(text.split()),
+            "pair": "pos" if positive else "neg",
+        }[kind]
+        row = {"text": text, "label": label}
+        if kind == "pair":
+            row["query"] = "is it good"
+        out.append(row)
+    return out
+
+
+def write(path, table):
+    path.write_text("".join(json.dumps(r) + "\n" for r in table))
+    return path
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("base"), "qwen2", qwen2_like())
+
+
+@pytest.fixture(scope="module")
+def trained(base, tmp_path_factory):
+    """A string-label classifier trained by the CLI (LoRA, merged)."""
+    folder = tmp_path_factory.mktemp("runs")
+    data = write(folder / "train.jsonl", rows("string"))
+    output = folder / "model"
+    assert cli.main(["train", "--model", str(base), "--train", str(data), "--output", str(output), *FAST]) == 0
+    return output, data
+
+
+FAST = ["--max-steps", "6", "--eval-steps", "3", "--batch-size", "4", "--lr", "5e-3", "--early-stopping", "0"]
+
+
+def run(*args):
+    return cli.main([str(a) for a in args])
+
+
+def forward_alone(folder, texts, pairs=None):
+    model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        return torch.cat(
+            [
+                model(**tokenizer(t, p, return_tensors="pt", truncation=True)).logits
+                for t, p in zip(texts, pairs, strict=True)
+            ]
+        )
+
+
+def test_train_saves_a_classifier_that_loads_without_the_library(trained):
+    output, _ = trained
+    config = json.loads((output / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"} and config["problem_type"] == "single_label_classification"
+    assert config["architectures"] == ["Qwen2ForSequenceClassification"] and "auto_map" in config
+    log = json.loads((output / "training_log.json").read_text())
+    assert [e["step"] for e in log if "eval_loss" in e] == [3, 6]
+    assert all(e.get("grad_norm") is not None for e in log if "loss" in e)
+    code = (
+        "import json, sys; from transformers import AutoModelForSequenceClassification as A; "
+        f"m = A.from_pretrained({str(output)!r}, trust_remote_code=True); "
+        "assert 'stable_models' not in sys.modules; print(type(m).__name__, sorted(n for n, _ in m.named_parameters() "
+        "if 'lora' in n))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "StableQwen2ForSequenceClassification []" in done.stdout, done.stderr[-2000:]
+
+
+def test_predict_keeps_the_input_order_and_equals_the_forward(trained, tmp_path):
+    output, data = trained
+    texts = [r["text"] for r in rows("string")][::-1]  # lengths out of order: batches are sorted by length
+    write(tmp_path / "new.jsonl", [{"text": t} for t in texts])
+    assert run("predict", "--model", output, "--data", tmp_path / "new.jsonl", "--output", tmp_path / "p.jsonl") == 0
+    predicted = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [p["text"] for p in predicted] == texts
+    expected = forward_alone(output, texts, [None] * len(texts)).softmax(-1)
+    got = torch.tensor([[p["probabilities"]["neg"], p["probabilities"]["pos"]] for p in predicted])
+    assert (got - expected).abs().max() <= 1e-5
+    assert [p["label"] for p in predicted] == [["neg", "pos"][i] for i in expected.argmax(-1).tolist()]
+    assert run("predict", "--model", output, "--data", tmp_path / "new.jsonl", "--output", tmp_path / "p.csv") == 0
+    table = pandas.read_csv(tmp_path / "p.csv")
+    assert list(table.columns) == ["text", "label", "score", "p_neg", "p_pos"]
+    assert torch.tensor(table[["p_neg", "p_pos"]].values) == pytest.approx(got.double(), abs=1e-6)
+
+
+def test_evaluate_reports_and_calibrate_folds_the_temperature_into_the_head(trained, tmp_path, capsys):
+    output, data = trained
+    folder = tmp_path / "model"
+    shutil.copytree(output, folder)
+    texts = [r["text"] for r in rows("string")]
+    before = forward_alone(folder, texts, [None] * len(texts))
+    assert run("evaluate", "--model", folder, "--data", data) == 0
+    report = json.loads((folder / "evaluation" / "report.json").read_text())
+    assert report["examples"] == 40 and set(report["per_class"]) == {"neg", "pos"}
+    assert {"accuracy", "f1_macro", "f1_micro", "roc_auc", "ece", "confusion_matrix"} <= set(report)
+    assert sum(map(sum, report["confusion_matrix"])) == 40
+    assert forward_alone(folder, texts[:3], [None] * 3).equal(before[:3])  # evaluate alone changes nothing
+    names = {"confusion_matrix.png", "reliability.png", "training_curves.png"}
+    assert names <= {p.name for p in (folder / "evaluation").iterdir()}
+
+    assert run("evaluate", "--model", folder, "--data", data, "--calibrate") == 0
+    report = json.loads((folder / "evaluation" / "report.json").read_text())
+    temperature = report["calibration"]["temperature"]
+    assert abs(temperature - 1) > 1e-3 and report["calibration"]["ece_after"] <= report["calibration"]["ece_before"]
+    after = forward_alone(folder, texts, [None] * len(texts))  # every consumer sees the calibrated logits
+    expected = before / temperature
+    assert (after - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max().item())  # fp32, relative
+    assert json.loads((folder / "config.json").read_text())["calibration_temperature"] == pytest.approx(temperature)
+    assert "temperature" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["integer", "multi", "regression", "pair"])
+def test_label_kinds_decide_the_task(kind, base, tmp_path):
+    table = rows(kind)
+    data = write(tmp_path / "train.jsonl", table)
+    pair = ["--text-pair-key", "query"] if kind == "pair" else []
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", *pair, *FAST) == 0
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    task, names = {
+        "integer": ("single_label_classification", ["0", "1", "2"]),
+        "multi": ("multi_label_classification", ["long", "pos"]),
+        "regression": ("regression", ["score"]),
+        "pair": ("single_label_classification", ["neg", "pos"]),
+    }[kind]
+    assert config["problem_type"] == task and list(config["id2label"].values()) == names
+    calibrate = ["--calibrate"] if kind == "multi" else []
+    assert run("evaluate", "--model", tmp_path / "m", "--data", data, *pair, *calibrate) == 0
+    report = json.loads((tmp_path / "m" / "evaluation" / "report.json").read_text())
+    assert {"mse", "mae", "pearson", "spearman"} <= set(report) if kind == "regression" else "f1_macro" in report
+    assert run("predict", "--model", tmp_path / "m", "--data", data, *pair, "--output", tmp_path / "p.jsonl") == 0
+    predicted = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    pairs = [r["query"] for r in table] if kind == "pair" else [None] * len(table)
+    logits = forward_alone(tmp_path / "m", [r["text"] for r in table], pairs)
+    if kind == "regression":
+        assert torch.tensor([p["score"] for p in predicted]) == pytest.approx(logits.squeeze(-1), abs=1e-5)
+    elif kind == "multi":
+        thresholds = json.loads((tmp_path / "m" / "config.json").read_text())["multi_label_thresholds"]
+        assert len(thresholds) == 2 and report["calibration"]["thresholds"] == dict(zip(names, thresholds, strict=True))
+        chosen = [
+            [n for n, p, t in zip(names, row, thresholds, strict=True) if p >= t] for row in logits.sigmoid().tolist()
+        ]
+        assert [p["labels"] for p in predicted] == chosen
+    else:
+        got = torch.tensor([list(p["probabilities"].values()) for p in predicted])
+        assert (got - logits.softmax(-1)).abs().max() <= 1e-5
+
+
+def test_every_file_format_gives_the_same_rows(tmp_path):
+    table = pandas.DataFrame(rows("string", 12))
+    table.to_csv(tmp_path / "d.csv", index=False)
+    table.to_csv(tmp_path / "d.tsv", sep="\t", index=False)
+    table.to_csv(tmp_path / "d.csv.gz", index=False)
+    table.to_json(tmp_path / "d.jsonl", orient="records", lines=True)
+    table.to_json(tmp_path / "d.json", orient="records")
+    table.to_parquet(tmp_path / "d.parquet")
+    datasets.Dataset.from_pandas(table).save_to_disk(str(tmp_path / "saved"))
+    expected = table.to_dict("records")
+    for name in ("d.csv", "d.tsv", "d.csv.gz", "d.jsonl", "d.json", "d.parquet", "saved"):
+        assert cli.read_rows(tmp_path / name) == expected, name
+
+
+def test_resume_continues_from_the_last_checkpoint(base, tmp_path):
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    common = ["train", "--model", base, "--train", data, "--output", tmp_path / "m", "--batch-size", "4"]
+    assert run(*common, "--max-steps", "4", "--eval-steps", "2", "--early-stopping", "0") == 0
+    assert (tmp_path / "m" / "checkpoints" / "checkpoint-4").is_dir()
+    assert run(*common, "--max-steps", "6", "--eval-steps", "2", "--early-stopping", "0") == 2  # not empty
+    assert run(*common, "--max-steps", "6", "--eval-steps", "2", "--early-stopping", "0", "--resume") == 0
+    log = json.loads((tmp_path / "m" / "training_log.json").read_text())
+    trained_steps = [e["step"] for e in log if "loss" in e and "train_runtime" not in e]
+    assert trained_steps[-2:] == [5, 6] and 4 in trained_steps  # steps 1-4 from the first run's state
+
+
+def test_options_file_and_loss_options(base, tmp_path):
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    options = {"max-steps": 2, "eval-steps": 1, "batch-size": 4, "class-weights": "balanced", "label-smoothing": 0.1}
+    (tmp_path / "options.yaml").write_text("".join(f"{k}: {v}\n" for k, v in options.items()))
+    args = ["train", "--config", tmp_path / "options.yaml", "--model", base, "--train", data]
+    assert run(*args, "--output", tmp_path / "m", "--early-stopping", "0") == 0
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    counts = [sum(r["label"] == name for r in rows("string")) for name in ("neg", "pos")]
+    held_out = round(len(rows("string")) * 0.1)
+    assert config["label_smoothing"] == 0.1 and len(config["class_weights"]) == 2
+    assert config["class_weights"][0] / config["class_weights"][1] == pytest.approx(
+        counts[1] / counts[0], rel=held_out / min(counts) * 2
+    )
+    (tmp_path / "bad.yaml").write_text("epochz: 3\n")
+    assert run("train", "--config", tmp_path / "bad.yaml") == 2
+
+
+def bad_inputs(tmp_path, base):
+    """(name, argv, the words the one-line error must hold); each leaves nothing behind."""
+    good = write(tmp_path / "good.jsonl", rows("string", 12))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    unseen = write(tmp_path / "unseen.jsonl", [{"text": "a film", "label": "meh"}] + rows("string", 4))
+    mixed = write(tmp_path / "mixed.jsonl", [{"text": "a", "label": "pos"}, {"text": "b", "label": 1}] * 3)
+    nan = tmp_path / "nan.csv"
+    nan.write_text("text,label\na film,1\nthe plot,\ngood,0\n")
+    pairs = write(tmp_path / "pairs.jsonl", [{"text": "a", "query": "q", "label": 1}, {"text": "b", "label": 0}] * 3)
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("mine")
+    out = tmp_path / "out"
+    train = ["train", "--model", base, "--output", out]
+    return [
+        ("missing column", [*train, "--train", good, "--label-key", "stars"], "no column 'stars'"),
+        ("empty file", [*train, "--train", empty], "is empty"),
+        ("unseen eval label", [*train, "--train", good, "--eval", unseen], "'meh'"),
+        ("mixed kinds", [*train, "--train", mixed], "mixes kinds"),
+        ("nan label", [*train, "--train", nan], "missing or NaN in 1 row(s), first at row 2"),
+        ("pair side missing", [*train, "--train", pairs, "--text-pair-key", "query"], "text pair missing"),
+        ("not a checkpoint", ["train", "--model", tmp_path, "--train", good, "--output", out], "not a checkpoint"),
+        ("output exists", ["train", "--model", base, "--train", good, "--output", existing], "exists and is not empty"),
+        ("predict output exists", ["predict", "--model", base, "--data", good, "--output", good], "exists"),
+        ("evaluate a base model", ["evaluate", "--model", base, "--data", good], "not a classifier"),
+    ]
+
+
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(base, tmp_path, capfd):
+    for name, argv, words in bad_inputs(tmp_path, base):
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+        assert run(*argv) == 2, name
+        err = capfd.readouterr().err.strip().splitlines()
+        assert err and err[-1].startswith("stable-models: error: ") and words in err[-1], (name, err[-3:])
+        assert "Traceback" not in "\n".join(err), name
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before, name
+        assert all(p.read_bytes() == data for p, data in snapshot.items()), name
+
+
+def test_console_script_and_module_entry_point(tmp_path):
+    script = shutil.which("stable-models", path=str(__import__("pathlib").Path(sys.executable).parent))
+    assert script, "pyproject.toml declares the stable-models console script"
+    done = subprocess.run([script, "train", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "(default: 16)" in done.stdout and "--qlora" in done.stdout
+    command = [sys.executable, "-m", "stable_models", "train", "--train", "x.csv"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "stable-models: error: train needs --model, --output"
