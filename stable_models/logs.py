@@ -21,7 +21,8 @@ def read_log(path: str) -> list[dict]:
 
     if not os.path.isfile(path):
         raise DoctorError(f"--log {path}: no such file")
-    text = open(path, encoding="utf-8", errors="replace").read()
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
     try:
         data = json.loads(text)
         entries = data.get("log_history", []) if isinstance(data, dict) else data

@@ -565,6 +565,9 @@ DEFAULT_SAMPLE = {
     "lfm2",  # built: short convolution cache
     "granite",  # built: multipliers
 }
+# Tests marked `trains` (Trainer runs, seconds per row) take a smaller sample by default: a Generic class, an eager-only
+# one with softcapping, MoE, a legacy class and one stable_models builds.
+TRAINING_SAMPLE = {"qwen2", "gemma2", "qwen3_moe", "gpt2", "granite"}
 # the installed transformers decides which rows exist (the 4.57 floor has fewer)
 ARCHITECTURES = [arch for arch in TABLE if arch.name in stable_models.supported_model_types()]
 FIRST_CLASS = [arch for arch in ARCHITECTURES if arch.first_class]

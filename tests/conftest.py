@@ -11,13 +11,15 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # -n a
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items):
     """A case of a row outside architectures.DEFAULT_SAMPLE belongs to -m exhaustive: one rule for every test that
-    is parametrized over the table, so the default run takes the sample and -m exhaustive the rest."""
-    from architectures import DEFAULT_SAMPLE, Arch
+    is parametrized over the table, so the default run takes the sample and -m exhaustive the rest. Tests marked
+    `trains` take the smaller architectures.TRAINING_SAMPLE."""
+    from architectures import DEFAULT_SAMPLE, TRAINING_SAMPLE, Arch
 
     for item in items:
         values = list(getattr(getattr(item, "callspec", None), "params", {}).values())
         values += [v for value in values if isinstance(value, tuple) for v in value]
-        if any(isinstance(v, Arch) and v.name not in DEFAULT_SAMPLE for v in values):
+        sample = TRAINING_SAMPLE if item.get_closest_marker("trains") else DEFAULT_SAMPLE
+        if any(isinstance(v, Arch) and v.name not in sample for v in values):
             item.add_marker(pytest.mark.exhaustive)
 
 

@@ -2,9 +2,12 @@
 and small data files in every format. In-process (`cli.main`), except one run of the installed console script."""
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,10 +271,28 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(base, tmp_path, capfd)
 
 
 def test_console_script_and_module_entry_point(tmp_path):
-    script = shutil.which("stable-models", path=str(__import__("pathlib").Path(sys.executable).parent))
+    script = shutil.which("stable-models", path=str(Path(sys.executable).parent))
     assert script, "pyproject.toml declares the stable-models console script"
     done = subprocess.run([script, "train", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "(default: 16)" in done.stdout and "--qlora" in done.stdout
     command = [sys.executable, "-m", "stable_models", "train", "--train", "x.csv"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip() == "stable-models: error: train needs --model, --output"
+
+
+def test_the_readme_commands_run_as_written(base, tmp_path, monkeypatch):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "stable-models train" in b)
+    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
+    monkeypatch.chdir(tmp_path)
+    table = pandas.DataFrame(rows("string"))
+    table.to_csv("reviews.csv", index=False)
+    table.to_csv("test.csv", index=False)
+    table[["text"]].to_csv("new.csv", index=False)
+    for line in lines:
+        argv = shlex.split(line.replace("./SmolLM2-135M-Instruct", str(base)))[1:]
+        assert cli.main(argv) == 0, line
+    scores = [json.loads(line) for line in open("scores.jsonl")]
+    assert [s["text"] for s in scores] == list(table["text"]) and {s["label"] for s in scores} <= {"neg", "pos"}
+    assert json.loads(open("clf/evaluation/report.json").read())["calibration"]["temperature"] > 0

@@ -19,8 +19,15 @@ def run(tmp_path, name, processes, batch, packing, stock=False):
     return run_worker(WORKER, tmp_path / f"{name}.json", "--batch", str(batch), *extra, processes=processes)
 
 
+# the default run takes the case that covers most (packing, capped rows, class weights); -m exhaustive the others
+EXHAUSTIVE = pytest.mark.exhaustive
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("packing", ["padding", "one-row", "capped, class weights"])
+@pytest.mark.parametrize(
+    "packing",
+    [pytest.param("padding", marks=EXHAUSTIVE), pytest.param("one-row", marks=EXHAUSTIVE), "capped, class weights"],
+)
 def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
     single = run(tmp_path, "single", 1, 8, packing)
     ddp = run(tmp_path, "ddp", 2, 4, packing)
@@ -32,6 +39,7 @@ def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_stock_class_logs_twice_the_loss_and_grad_norm_under_two_processes(tmp_path):
     """The stock loss ignores num_items_in_batch, so Trainer's x num_processes (meant for a loss summed over the
     global item count) doubles what it logs and the gradient it clips; the Stable rows above log the true values."""

@@ -70,6 +70,7 @@ def test_zero3_training_step_gives_the_plain_fp32_loss(fp32, folders):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # a second pair of DeepSpeed processes: the fp32 ones above run by default
 def test_zero3_bf16_keeps_the_head_fp32_and_warns_nothing_false(bf16):
     stable, stock = bf16["stable/classifier"], bf16["stock/classifier"]
     assert stable["partitioned"]

@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("command", ["finetune", "real"])
+@pytest.mark.parametrize("command", ["demo", "finetune", "real"])
 def test_help_does_not_download_the_checkpoints(command, tmp_path):
     env = {**os.environ, "STABLE_MODELS_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(

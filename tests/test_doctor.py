@@ -1,14 +1,19 @@
 """`python -m stable_models doctor` end to end on tiny checkpoints saved by the test, with tokenizers built here."""
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from architectures import BY_NAME, make_config
 from tiny_tokenizers import gemma_like, llama_pad_is_eos, qwen2_like
+
+from stable_models import cli
 
 
 def save_checkpoint(folder, arch_name, tokenizer, poison=False):
@@ -43,11 +48,22 @@ def write_data(path, texts=TEXTS):
     return path
 
 
+def run_main(main, argv):
+    """A command's `main(argv)` in this process (a fresh interpreter costs ~10 s of imports per call):
+    (exit code, stdout, stderr). The package's own `--help` test below runs it as a subprocess."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        warnings.simplefilter("always")  # as a fresh interpreter shows them: each once per run
+        try:
+            code = main(argv)
+        except SystemExit as exit:  # argparse: --help, usage errors
+            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    return code, out.getvalue(), err.getvalue()
+
+
 def doctor(*args):
-    result = subprocess.run(
-        [sys.executable, "-m", "stable_models", "doctor", *map(str, args)], capture_output=True, text=True, timeout=300
-    )
-    return result.returncode, result.stdout, result.stderr
+    """`python -m stable_models doctor ARGS`."""
+    return run_main(cli.main, ["doctor", *map(str, args)])
 
 
 @pytest.mark.parametrize(("arch", "tokenizer", "side"), [("qwen2", qwen2_like, "left"), ("gemma2", gemma_like, None)])

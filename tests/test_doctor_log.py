@@ -2,23 +2,17 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 from architectures import BY_NAME, collate_left, cpu_training_args, make_config, toy_dataset
+from test_doctor import doctor
 from transformers import Trainer
 
 
 def doctor_log(path, *extra):
-    result = subprocess.run(
-        [sys.executable, "-m", "stable_models", "doctor", "--log", str(path), *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return result.returncode, result.stdout, result.stderr
+    """`python -m stable_models doctor --log PATH ...` (in this process)."""
+    return doctor("--log", path, *extra)
 
 
 def trainer_state(path, steps):

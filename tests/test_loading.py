@@ -284,6 +284,7 @@ def resumed_losses(arch, output_dir, stock=False):
     return logged[0], logged[1][-3:]
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_trainer_checkpoints_load_and_resume(arch, tmp_path):
     losses, resumed = resumed_losses(arch, tmp_path / "run")

@@ -95,7 +95,7 @@ def test_fragment_runs_with_what_the_text_gives(index, context):
         assert namespace["model"](ids, labels=torch.tensor([1])).logits.dtype == torch.float32
         return
     exec(code, namespace)
-    if re.search(r"^trainer = Trainer\(", code, re.M):
+    if re.search(r"^trainer = (Stable)?Trainer\(", code, re.M):
         namespace["trainer"].train()
         assert namespace["trainer"].state.global_step == 1
     if "model" in namespace and namespace["model"] is not context["model"]:

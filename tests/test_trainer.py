@@ -39,6 +39,7 @@ def one_optimizer_step(model, tmp_path, batch_size, accumulation):
     return update, loss, trainer.model_accepts_loss_kwargs
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_accumulation_matches_the_big_batch(arch, tmp_path):
     ratios = {}

@@ -17,6 +17,7 @@ def toy_batch(step, side):
 
 
 @pytest.mark.slow
+@pytest.mark.trains
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_lora_bf16_loss_decreases(arch):
     stable, _ = make_models(arch, dtype=torch.bfloat16)
