@@ -508,7 +508,7 @@ def decoder_layer_linears(model) -> list[str]:
     return sorted(names)
 
 
-def preflight(model, tokenizer, texts, pairs, labels, task) -> None:
+def preflight(model, tokenizer, texts, pairs, labels, task, folder) -> None:
     """The doctor's checks on the first examples: finite loss and gradients, padding-invariant logits, an fp32 loss
     that honours num_items_in_batch. Stops with the doctor's report when one fails."""
     from .doctor import PADDING_TOLERANCE, run_one
@@ -524,14 +524,14 @@ def preflight(model, tokenizer, texts, pairs, labels, task) -> None:
     problems = []
     if not result["finite"]:
         problems.append(f"non-finite loss, logits or gradients (first at {result['first non-finite']})")
-    if result["padding error"] > tolerance:
+    elif result["padding error"] > tolerance:
         problems.append(f"padding changes the logits by {result['padding error']:.2e}")
-    if not result["honours num_items_in_batch"] or result["loss dtype"] != torch.float32:
+    elif not result["honours num_items_in_batch"] or result["loss dtype"] != torch.float32:
         problems.append("the loss is not an fp32 loss that honours num_items_in_batch")
     if problems:
         raise SystemExit(
-            "stable-models: the pre-flight check failed: " + "; ".join(problems) + ". Run `python -m stable_models "
-            "doctor --model <folder> --data <jsonl>` for the full report."
+            f"stable-models: the pre-flight check failed: {problems[0]}. `python -m stable_models doctor --model "
+            f"{folder}` gives the full report."
         )
     print(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
 
@@ -621,7 +621,7 @@ def train(args) -> int:
     print(
         f"[train] {len(ids)} train / {len(eval_ids)} eval examples, max length {max_length}, {dtype}", file=sys.stderr
     )
-    preflight(model, tokenizer, texts, pairs, labels, task)
+    preflight(model, tokenizer, texts, pairs, labels, task, args.model)
 
     if not args.full:
         if args.qlora:

@@ -296,3 +296,19 @@ def test_the_readme_commands_run_as_written(base, tmp_path, monkeypatch):
     scores = [json.loads(line) for line in open("scores.jsonl")]
     assert [s["text"] for s in scores] == list(table["text"]) and {s["label"] for s in scores} <= {"neg", "pos"}
     assert json.loads(open("clf/evaluation/report.json").read())["calibration"]["temperature"] > 0
+
+
+def test_early_stopping_ends_a_run_that_stopped_improving(base, tmp_path):
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    args = ["train", "--model", base, "--train", data, "--output", tmp_path / "m", "--batch-size", "4"]
+    assert run(*args, "--max-steps", "20", "--eval-steps", "1", "--lr", "1e-12", "--early-stopping", "2") == 0
+    log = json.loads((tmp_path / "m" / "training_log.json").read_text())
+    assert [e["step"] for e in log if "eval_loss" in e] == [1, 2, 3]  # macro F1 never improved on step 1's
+
+
+def test_the_preflight_stops_a_checkpoint_with_nan_weights_before_step_1(tmp_path):
+    poisoned = save_checkpoint(tmp_path / "poisoned", "qwen2", qwen2_like(), poison=True)
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    with pytest.raises(SystemExit, match=r"pre-flight check failed: non-finite .*\(first at model.layers.1.mlp.up_proj\)\. .*doctor --model"):
+        run("train", "--model", poisoned, "--train", data, "--output", tmp_path / "m", *FAST)
+    assert not (tmp_path / "m" / "checkpoints").exists()
