@@ -360,6 +360,14 @@ def metrics(logits, targets, task, names, thresholds=None) -> dict:
     return report
 
 
+def negative_log_likelihood(logits, targets, task) -> float:
+    """What temperature scaling minimises (ECE is binned, so it may move either way by a little)."""
+    logits = torch.as_tensor(logits, dtype=torch.float64)
+    if task == "single_label_classification":
+        return torch.nn.functional.cross_entropy(logits, torch.as_tensor(targets, dtype=torch.long)).item()
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.as_tensor(targets).double()).item()
+
+
 def fit_temperature(logits, targets, task) -> float:
     """The temperature T (within TEMPERATURE_RANGE) that minimises the eval set's negative log-likelihood of
     logits / T."""
@@ -600,14 +608,19 @@ def train(args) -> int:
     )
     if args.gguf_file:
         load["gguf_file"] = args.gguf_file
+    quantized = dict(load)
     if args.qlora:
-        load["quantization_config"] = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+        compute = torch.bfloat16 if dtype == "bf16" else torch.float32
+        quantized["quantization_config"] = transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+        )
+        quantized["device_map"] = "auto" if torch.cuda.is_available() else "cpu"
     tokenizer = load_tokenizer(args.model, args.gguf_file)
     print(
         f"[train] loading {args.model} as a {task.replace('_', ' ')} model with {len(names)} output(s)", file=sys.stderr
     )
     try:
-        model = stable_models.from_pretrained(args.model, **load)
+        model = stable_models.from_pretrained(args.model, **quantized)
     except ValueError as error:
         raise CliError(f"--model {args.model}: {str(error).splitlines()[0]}") from None
     for leftover in ("hf_quantizer",) if args.gguf_file else ():
@@ -695,6 +708,15 @@ def train(args) -> int:
     history = list(trainer.state.log_history)
     final = trainer.evaluate()  # the best checkpoint's, which load_best_model_at_end restored
     model = trainer.model
+    if args.qlora:  # merge into the full-precision base, not into 4-bit weights: the folder is a plain checkpoint
+        from peft import PeftModel
+
+        model.save_pretrained(checkpoints / "adapter")
+        base = stable_models.from_pretrained(args.model, **load)
+        if len(tokenizer) > base.get_input_embeddings().num_embeddings:  # setup_pad_token added a pad row
+            base.resize_token_embeddings(len(tokenizer))  # (peft saved the resized embeddings with the adapter)
+        base.config.pad_token_id = tokenizer.pad_token_id
+        model = PeftModel.from_pretrained(base, checkpoints / "adapter")
     if not args.full:
         model = model.merge_and_unload()
     model.save_pretrained(output)
@@ -747,6 +769,7 @@ def evaluate(args) -> int:
         if task == "regression":
             raise CliError("--calibrate applies to classification; this model is a regression")
         temperature = fit_temperature(logits, targets, task)
+        nll_before = negative_log_likelihood(logits, targets, task)
         head = model.score
         with torch.no_grad():
             head.weight.div_(temperature)
@@ -754,7 +777,8 @@ def evaluate(args) -> int:
                 head.bias.div_(temperature)
         logits = logits / temperature
         model.config.calibration_temperature = getattr(model.config, "calibration_temperature", 1.0) * temperature
-        calibrated = {"temperature": temperature, "ece_before": report["ece"]}
+        calibrated = {"temperature": temperature, "ece_before": report["ece"], "nll_before": nll_before}
+        calibrated["nll_after"] = negative_log_likelihood(logits, targets, task)
         if task == "multi_label_classification":
             thresholds = fit_thresholds(probabilities(logits, task), targets)
             model.config.multi_label_thresholds = thresholds
@@ -771,8 +795,8 @@ def evaluate(args) -> int:
     if args.calibrate:
         c = report["calibration"]
         print(
-            f"calibrated: temperature {c['temperature']:.3f} folded into {args.model} (ECE {c['ece_before']:.4f} -> "
-            f"{c['ece_after']:.4f})"
+            f"calibrated: temperature {c['temperature']:.3f} folded into {args.model} (NLL {c['nll_before']:.4f} -> "
+            f"{c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
         )
     print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
     return 0

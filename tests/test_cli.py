@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from architectures import BY_NAME, make_config
 from test_doctor import save_checkpoint
 from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -142,7 +143,7 @@ def test_evaluate_reports_and_calibrate_folds_the_temperature_into_the_head(trai
     assert run("evaluate", "--model", folder, "--data", data, "--calibrate") == 0
     report = json.loads((folder / "evaluation" / "report.json").read_text())
     temperature = report["calibration"]["temperature"]
-    assert abs(temperature - 1) > 1e-3 and report["calibration"]["ece_after"] <= report["calibration"]["ece_before"]
+    assert abs(temperature - 1) > 1e-3 and report["calibration"]["nll_after"] < report["calibration"]["nll_before"]
     after = forward_alone(folder, texts, [None] * len(texts))  # every consumer sees the calibrated logits
     expected = before / temperature
     assert (after - expected).abs().max() <= 1e-5 * max(1.0, expected.abs().max().item())  # fp32, relative
@@ -309,6 +310,33 @@ def test_early_stopping_ends_a_run_that_stopped_improving(base, tmp_path):
 def test_the_preflight_stops_a_checkpoint_with_nan_weights_before_step_1(tmp_path):
     poisoned = save_checkpoint(tmp_path / "poisoned", "qwen2", qwen2_like(), poison=True)
     data = write(tmp_path / "train.jsonl", rows("string"))
-    with pytest.raises(SystemExit, match=r"pre-flight check failed: non-finite .*\(first at model.layers.1.mlp.up_proj\)\. .*doctor --model"):
+    with pytest.raises(
+        SystemExit,
+        match=r"pre-flight check failed: non-finite .*\(first at model.layers.1.mlp.up_proj\)\. .*doctor --model",
+    ):
         run("train", "--model", poisoned, "--train", data, "--output", tmp_path / "m", *FAST)
     assert not (tmp_path / "m" / "checkpoints").exists()
+
+
+def test_qlora_trains_4bit_and_saves_a_full_precision_merged_model(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    tokenizer = qwen2_like()
+    arch = BY_NAME["qwen2"]
+    config = make_config(arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, hidden_size=64)
+    config.intermediate_size = 128  # bitsandbytes packs 64-wide rows
+    torch.manual_seed(0)
+    arch.causal_lm_class(config).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    assert (
+        run("train", "--model", tmp_path / "base", "--train", data, "--output", tmp_path / "m", "--qlora", *FAST) == 0
+    )
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert "quantization_config" not in saved
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (64, 64)  # full precision, not packed 4-bit
+    assert not any("lora" in key for key in weights)
+    texts = [r["text"] for r in rows("string")][:4]
+    assert torch.isfinite(forward_alone(tmp_path / "m", texts, [None] * 4)).all()
