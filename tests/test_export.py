@@ -43,7 +43,7 @@ def export(model, path, dynamo: bool):
         else {"dynamic_axes": {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}}
     )
     torch.onnx.export(
-        LogitsOnly(model),
+        LogitsOnly(model).eval(),  # export restores the wrapper's mode afterwards, recursively: a new one trains
         (ids, mask),
         str(path),
         input_names=["input_ids", "attention_mask"],
