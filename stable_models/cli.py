@@ -623,8 +623,9 @@ def train(args) -> int:
         model = stable_models.from_pretrained(args.model, **quantized)
     except ValueError as error:
         raise CliError(f"--model {args.model}: {str(error).splitlines()[0]}") from None
-    for leftover in ("hf_quantizer",) if args.gguf_file else ():
-        model.__dict__.pop(leftover, None)
+    if args.gguf_file:  # dequantized on load: a plain fp32 model, saved without GGUF quantization settings
+        model.hf_quantizer, model.is_quantized = None, False
+        model.config.__dict__.pop("quantization_config", None)
     setup_pad_token(tokenizer, model)
     limit = min(args.max_length or 10**9, getattr(model.config.get_text_config(), "max_position_embeddings", 10**9))
     ids = tokenize(tokenizer, texts, pairs, limit)

@@ -864,8 +864,10 @@ class StableSequenceClassificationMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """The stock loader, after checking a local folder so that a broken one fails with a clear message."""
-        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and os.path.isdir(
-            pretrained_model_name_or_path
+        if (
+            isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+            and os.path.isdir(pretrained_model_name_or_path)
+            and not kwargs.get("gguf_file")  # the weights and config are in that file
         ):
             subfolder = kwargs.get("subfolder") or ""
             check_checkpoint(
