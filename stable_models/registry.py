@@ -88,7 +88,8 @@ STABLE_CLASSES = _StableClasses()
 
 def from_pretrained(pretrained_model_name_or_path, **kwargs):
     """Load any supported checkpoint as its Stable class, picked by model_type: a base CausalLM (also from a GGUF
-    file: `gguf_file=`), a classifier, or a peft adapter folder (adapter_config.json, no config.json), which loads its base and then the adapter."""
+    file, `gguf_file=`), a classifier, or a peft adapter folder (adapter_config.json, no config.json), which loads
+    its base and then the adapter."""
     path = pretrained_model_name_or_path
     if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
         os.path.join(path, "config.json")
