@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from architectures import BY_NAME, cpu_training_args, make_models, pad_batch, random_sequences
+from architectures import BY_NAME, make_models, pad_batch, random_sequences
+from test_trainer import one_optimizer_step
 from transformers import Trainer
 
 import stable_models
@@ -98,23 +99,9 @@ class Examples(torch.utils.data.Dataset):
 
 def one_step(trainer_class, batch_size, accumulation, tmp_path):
     model = with_options(class_weights=WEIGHTS, label_smoothing=0.1)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = cpu_training_args(
-        tmp_path,
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation,
-        max_steps=1,
-        learning_rate=0.1,
-        optim="sgd",
-        lr_scheduler_type="constant",
-        max_grad_norm=0.0,
-    )
-    trainer = trainer_class(model=model, args=args, train_dataset=Examples())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.train()
-    update = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
-    loss = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
+        update, loss, _ = one_optimizer_step(model, tmp_path, batch_size, accumulation, trainer_class, Examples())
     return update, loss, [str(w.message) for w in caught]
 
 

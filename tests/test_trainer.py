@@ -20,7 +20,9 @@ class FixedLengthDataset(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(7, dtype=torch.long), "labels": self.labels[i]}
 
 
-def one_optimizer_step(model, tmp_path, batch_size, accumulation):
+def one_optimizer_step(model, tmp_path, batch_size, accumulation, trainer_class=Trainer, dataset=None):
+    """One SGD step without clipping, so the update is the raw gradient: (update, logged loss, Trainer trusted the
+    forward with num_items_in_batch)."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     args = cpu_training_args(
         tmp_path,
@@ -32,7 +34,7 @@ def one_optimizer_step(model, tmp_path, batch_size, accumulation):
         lr_scheduler_type="constant",
         max_grad_norm=0.0,  # no clipping, so the update is the raw gradient
     )
-    trainer = Trainer(model=model, args=args, train_dataset=FixedLengthDataset())
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset or FixedLengthDataset())
     trainer.train()
     update = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
     loss = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
