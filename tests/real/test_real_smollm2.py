@@ -140,3 +140,25 @@ def test_gradient_accumulation_16_vs_4x4(smollm2, tmp_path):
     assert ratios["stable"]["logged loss"] == pytest.approx(1.0, rel=1e-2)
     assert ratios["stock"]["update"] == pytest.approx(4.0, rel=2e-2)
     assert ratios["stock"]["logged loss"] == pytest.approx(4.0, rel=2e-2)
+
+
+def test_cli_trains_from_the_gguf_file_itself(smollm2, tmp_path):
+    """`stable-models train --model DIR --gguf-file NAME.gguf`: the quantized file dequantized on load, trained, saved
+    as a plain checkpoint (no GGUF quantization settings) that loads without the library's help."""
+    from transformers import AutoModelForSequenceClassification
+
+    from stable_models import cli
+
+    gguf = CACHE / "gguf" / NAME / f"{NAME}.gguf"
+    rows = [json.loads(line) for line in open(FETCH.fetch_data(CACHE))][:40]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["train", "--model", gguf.parent, "--gguf-file", gguf.name, "--train", tmp_path / "train.jsonl"]
+    argv += ["--output", tmp_path / "out", "--max-steps", "2", "--eval-steps", "2", "--batch-size", "4"]
+    assert cli.main([str(a) for a in argv]) == 0
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "quantization_config" not in saved and saved["model_type"] == "llama"
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", trust_remote_code=True)
+    assert type(model).__name__ == "StableLlamaForSequenceClassification"
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        assert torch.isfinite(model(**tokenizer(rows[0]["text"], return_tensors="pt")).logits).all()
