@@ -507,12 +507,16 @@ def split_eval(rows, fraction, seed):
 
 
 def decoder_layer_linears(model) -> list[str]:
-    """The names LoRA targets: every nn.Linear inside the decoder layers (attention and MLP), for any architecture."""
+    """The names LoRA targets: every linear layer inside the decoder layers (attention and MLP; GPT-2's Conv1D
+    included), for any architecture."""
     from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.pytorch_utils import Conv1D
 
     names = set()
     for layer in (m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)):
-        names |= {name.split(".")[-1] for name, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+        names |= {n.split(".")[-1] for n, m in layer.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
+    if not names:
+        raise CliError(f"{type(model).__name__}: no linear layers in its decoder layers for LoRA; pass --full")
     return sorted(names)
 
 

@@ -340,3 +340,15 @@ def test_qlora_trains_4bit_and_saves_a_full_precision_merged_model(tmp_path):
     assert not any("lora" in key for key in weights)
     texts = [r["text"] for r in rows("string")][:4]
     assert torch.isfinite(forward_alone(tmp_path / "m", texts, [None] * 4)).all()
+
+
+def test_lora_finds_the_linear_layers_of_a_legacy_class(tmp_path):
+    """GPT-2's attention and MLP are Conv1D layers, not nn.Linear: LoRA targets them too."""
+    gpt2 = save_checkpoint(tmp_path / "gpt2", "gpt2", qwen2_like())
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    assert cli.decoder_layer_linears(BY_NAME["gpt2"].causal_lm_class.from_pretrained(gpt2)) == [
+        "c_attn",
+        "c_fc",
+        "c_proj",
+    ]
+    assert run("train", "--model", gpt2, "--train", data, "--output", tmp_path / "m", *FAST) == 0
