@@ -422,22 +422,20 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
             loss = F.mse_loss(logits, labels.to(logits.dtype), reduction=reduction)
     elif problem_type == "single_label_classification":
         logits, labels = logits.view(-1, config.num_labels), labels.view(-1).long()
-        weight = (
-            None if class_weights is None else torch.tensor(class_weights, dtype=logits.dtype, device=logits.device)
-        )
-        if weight is not None and label_weight_total is not None:
-            num_items_in_batch = label_weight_total
-        counted = weight is not None and num_items_in_batch is not None and label_weight_total is None
-        loss = F.cross_entropy(
-            logits, labels, weight=weight, label_smoothing=smoothing or 0.0, reduction="mean" if counted else reduction
-        )
-        if counted:  # this micro-batch's weighted mean, scaled by its share of the batch's labels
-            local = (labels != -100).sum()
-            if int(local) != int(num_items_in_batch) and not getattr(model, "_warned_weighted_by_count", True):
-                model._warned_weighted_by_count = True
-                name = type(model).__name__
-                warnings.warn(WEIGHTED_BY_COUNT.format(name=name), UserWarning, stacklevel=user_stacklevel())
-            loss = loss * local
+        weight = None
+        if class_weights is not None:
+            weight = torch.tensor(class_weights, dtype=logits.dtype, device=logits.device)
+            if num_items_in_batch is not None:  # the divisor of a weighted mean is the batch's total label weight
+                if label_weight_total is None:  # only Trainer's label count: this micro-batch's weight, scaled up
+                    local = int((labels != -100).sum())
+                    if local != int(num_items_in_batch) and not getattr(model, "_warned_weighted_by_count", True):
+                        model._warned_weighted_by_count = True
+                        message = WEIGHTED_BY_COUNT.format(name=type(model).__name__)
+                        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+                    mine = total_class_weight(labels, class_weights)
+                    label_weight_total = mine * num_items_in_batch / local if local and mine else num_items_in_batch
+                num_items_in_batch = label_weight_total
+        loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=smoothing or 0.0, reduction=reduction)
     else:
         weight = None if pos_weight is None else torch.tensor(pos_weight, dtype=logits.dtype, device=logits.device)
         loss = F.binary_cross_entropy_with_logits(
@@ -451,11 +449,11 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
     return loss
 
 
-def label_weight_total(labels, class_weights):
+def total_class_weight(labels, class_weights):
     """The divisor of a weighted mean cross-entropy: the class weights of the labels (ignored ones, -100, left out)."""
     labels = labels.view(-1).long()
     kept = labels[labels != -100]
-    return torch.tensor(class_weights, dtype=torch.float64, device=labels.device)[kept].sum()
+    return torch.tensor(class_weights, dtype=torch.float32, device=labels.device)[kept].sum()
 
 
 def infer_problem_type(labels, num_labels: int) -> str:

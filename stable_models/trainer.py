@@ -9,7 +9,7 @@ over them, and passes it to the forward as `label_weight_total`: the micro-batch
 
 from transformers import Trainer
 
-from .modeling_stable import label_weight_total
+from .modeling_stable import total_class_weight
 
 
 class StableTrainer(Trainer):
@@ -27,7 +27,7 @@ class StableTrainer(Trainer):
             or self.model.config.problem_type not in (None, "single_label_classification")
         ):
             return count
-        total = sum(label_weight_total(batch["labels"], weights) for batch in batch_samples).to(device)
+        total = sum(total_class_weight(batch["labels"], weights).to(device) for batch in batch_samples)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             total = self.accelerator.gather(total).sum()  # as Trainer gathers the count
         self._label_weight_total = total
