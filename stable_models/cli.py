@@ -9,6 +9,7 @@ exit code 2, before anything is written. Needs the `cli` extra (datasets, scikit
 """
 
 import argparse
+import importlib
 import json
 import math
 import numbers
@@ -80,7 +81,7 @@ def read_json_rows(source: Path, kind: str) -> list[dict]:
     import pandas
 
     opener = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}.get(source.suffix)
-    handle = __import__(opener).open(source, "rt") if opener else open(source)
+    handle = importlib.import_module(opener).open(source, "rt") if opener else open(source)
     with handle:
         text = handle.read()
     if not text.strip():
@@ -161,6 +162,13 @@ def label_task(labels, key, path) -> str:
     if "single-label" in kind:
         return "single_label_classification"
     raise CliError(f"{path}: label {key!r} holds {kind} values; use strings, integers, lists of them, or floats")
+
+
+def labelled(rows, args, path):
+    """(texts, pairs or None, labels, task) of a labelled file, checked once: every text there, one label kind."""
+    texts, pairs = texts_of(rows, args, path)
+    labels = column(rows, args.label_key, path, "--label-key")
+    return texts, pairs, labels, label_task(labels, args.label_key, path)
 
 
 def label_names(labels, task) -> list[str]:
@@ -495,15 +503,21 @@ def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
         raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
 
 
-def split_eval(rows, fraction, seed):
+def split_eval(columns, fraction, seed):
+    """(train columns, eval columns): a seeded random `fraction` of the rows held out, each column split alike."""
     if not 0 < fraction < 1:
         raise CliError(f"--eval-fraction {fraction} must be between 0 and 1")
-    shuffled = rows[:]
-    random.Random(seed).shuffle(shuffled)
-    count = max(1, round(len(rows) * fraction))
-    if count >= len(rows):
-        raise CliError(f"--train has {len(rows)} row(s): too few to hold out an eval set; pass --eval FILE")
-    return shuffled[count:], shuffled[:count]
+    rows = len(columns[0])
+    order = list(range(rows))
+    random.Random(seed).shuffle(order)
+    count = max(1, round(rows * fraction))
+    if count >= rows:
+        raise CliError(f"--train has {rows} row(s): too few to hold out an eval set; pass --eval FILE")
+
+    def pick(indices):
+        return [None if values is None else [values[i] for i in indices] for values in columns]
+
+    return pick(order[count:]), pick(order[:count])
 
 
 def decoder_layer_linears(model) -> list[str]:
@@ -565,21 +579,15 @@ def train(args) -> int:
     if args.full and args.qlora:
         raise CliError("--full and --qlora exclude each other")
     check_model_path(args.model, args.gguf_file)
-    rows = read_rows(args.train)
-    texts_of(rows, args, args.train)  # checked on the whole file first, so errors name the file's row numbers
-    label_task(column(rows, args.label_key, args.train, "--label-key"), args.label_key, args.train)
+    texts, pairs, raw_labels, task = labelled(read_rows(args.train), args, args.train)
     if args.eval:
-        train_rows, eval_rows = rows, read_rows(args.eval)
+        eval_texts, eval_pairs, eval_raw, eval_task = labelled(read_rows(args.eval), args, args.eval)
+        if eval_task != task:
+            raise CliError(f"the eval labels are {eval_task}, the training labels {task}; make them one kind")
     else:
-        train_rows, eval_rows = split_eval(rows, args.eval_fraction, args.seed)
-    texts, pairs = texts_of(train_rows, args, args.train)
-    eval_texts, eval_pairs = texts_of(eval_rows, args, args.eval or args.train)
-    raw_labels = column(train_rows, args.label_key, args.train, "--label-key")
-    task = label_task(raw_labels, args.label_key, args.train)
-    eval_raw = column(eval_rows, args.label_key, args.eval or args.train, "--label-key")
-    eval_task = label_task(eval_raw, args.label_key, args.eval or args.train)
-    if eval_task != task:
-        raise CliError(f"the eval labels are {eval_task}, the training labels {task}; make them one kind")
+        (texts, pairs, raw_labels), (eval_texts, eval_pairs, eval_raw) = split_eval(
+            [texts, pairs, raw_labels], args.eval_fraction, args.seed
+        )
     names = label_names(raw_labels, task) if task != "regression" else ["score"]
     label2id = {name: i for i, name in enumerate(names)}
     labels = encode_labels(raw_labels, task, label2id, args.train)
@@ -759,10 +767,7 @@ def evaluate(args) -> int:
     model, tokenizer = load_classifier(args.model)
     task = model.config.problem_type or "single_label_classification"
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    rows = read_rows(args.data)
-    texts, pairs = texts_of(rows, args, args.data)
-    raw = column(rows, args.label_key, args.data, "--label-key")
-    found = label_task(raw, args.label_key, args.data)
+    texts, pairs, raw, found = labelled(read_rows(args.data), args, args.data)
     if found != task:
         raise CliError(f"{args.data}: labels are {found}, the model is {task}")
     targets = encode_labels(raw, task, {n: i for i, n in enumerate(names)}, args.data)
