@@ -14,9 +14,9 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from .modeling_stable import low_precision_trainables
+from .logs import LogError, explain_log
+from .modeling_precision import low_precision_trainables
 from .registry import stable_class_for
-from .training import first_non_finite_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SENTENCES = [
@@ -170,6 +170,8 @@ def run_one(model, batch, alone_inputs, labels):
         alone = torch.cat([model(**inputs).logits.float() for inputs in alone_inputs])
         halved = model(**batch, labels=labels, num_items_in_batch=2 * labels.numel()).loss
         full = model(**batch, labels=labels).loss
+    if not finite:
+        from .training import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
     result = {
         "finite": finite,
         "loss": out.loss.item(),
@@ -297,8 +299,15 @@ def diagnose(args) -> int:
     return 0 if report.problems == 0 else 1
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default once: appended where there is one to show (not None, not a flag's False) and the help
+    does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def main(argv=None) -> int:
@@ -321,10 +330,8 @@ def main(argv=None) -> int:
         parser.error("give --model DIR (run a checkpoint) or --log FILE (explain a Trainer log)")
     try:
         if args.log:
-            from .logs import explain_log
-
             return explain_log(args.log, args.num_labels)
         return diagnose(args)
-    except DoctorError as error:
+    except (DoctorError, LogError) as error:
         print(f"doctor: error: {error}", file=sys.stderr)
         return 2

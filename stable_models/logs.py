@@ -12,15 +12,18 @@ import re
 
 import torch
 
+
+class LogError(Exception):
+    """A log that cannot be read: the doctor prints it as one line, no traceback."""
+
+
 DICT_PATTERN = re.compile(r"\{[^{}]*'loss'[^{}]*\}|\{[^{}]*\"loss\"[^{}]*\}")
 
 
 def read_log(path: str) -> list[dict]:
     """The training steps of a log: dicts with a 'loss', values as floats where they are numbers."""
-    from .doctor import DoctorError
-
     if not os.path.isfile(path):
-        raise DoctorError(f"--log {path}: no such file")
+        raise LogError(f"--log {path}: no such file")
     with open(path, encoding="utf-8", errors="replace") as handle:
         text = handle.read()
     try:
@@ -34,7 +37,7 @@ def read_log(path: str) -> list[dict]:
             except (ValueError, SyntaxError):
                 unreadable.append(match.group(0))
         if unreadable:
-            raise DoctorError(
+            raise LogError(
                 f"--log {path}: {len(unreadable)} of {len(entries) + len(unreadable)} logged dicts could not be read "
                 f"(e.g. {unreadable[0][:120]}); pass trainer_state.json from the output or checkpoint folder instead"
             ) from None
@@ -43,7 +46,7 @@ def read_log(path: str) -> list[dict]:
         if isinstance(entry, dict) and "loss" in entry:
             steps.append({key: as_number(value) for key, value in entry.items()})
     if not steps:
-        raise DoctorError(f"--log {path}: no logged training loss found (expected trainer_state.json or printed dicts)")
+        raise LogError(f"--log {path}: no logged training loss found (expected trainer_state.json or printed dicts)")
     return steps
 
 

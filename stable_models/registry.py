@@ -1,9 +1,9 @@
-"""model_type -> Stable class, derived from transformers' own sequence-classification mapping, and opt-in
-registration with AutoModelForSequenceClassification.
+"""model_type -> Stable class, and opt-in registration with AutoModelForSequenceClassification.
 
-Every model type whose stock `*ForSequenceClassification` is built on `GenericForSequenceClassification` gets a Stable
-class; nothing here is per architecture. Classes are built on first use, so `import stable_models` imports no
-architecture's modeling code.
+Derived from transformers' own mappings through `modeling_rules.decoder_classifier`: every decoder-only text model type
+gets a class (its stock decoder classifier, or the one transformers would write for a causal LM without one); nothing
+here is per architecture. Classes are built on first use, so `import stable_models` imports no architecture's modeling
+code.
 """
 
 import contextlib
@@ -19,7 +19,8 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
 )
 
-from .modeling_stable import decoder_classifier, stable_class
+from .modeling_rules import decoder_classifier
+from .modeling_stable import stable_class
 
 _MAPPING = AutoModelForSequenceClassification._model_mapping
 _SAVED = {}  # config class -> what the mapping's extra content held before register() (None: nothing)

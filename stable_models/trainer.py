@@ -9,7 +9,7 @@ over them, and passes it to the forward as `label_weight_total`: the micro-batch
 
 from transformers import Trainer
 
-from .modeling_stable import total_class_weight
+from .modeling_loss import total_class_weight
 
 
 class StableTrainer(Trainer):

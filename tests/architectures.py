@@ -14,7 +14,7 @@ from transformers.models.auto.modeling_auto import (
 )
 
 import stable_models
-from stable_models.modeling_stable import (
+from stable_models.modeling_rules import (
     NOT_YET_TESTED,
     RECURRENT_LAYER_KINDS,
     decoder_classifier,

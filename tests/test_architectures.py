@@ -32,8 +32,9 @@ from test_masks import RECORDED, probes, visible  # noqa: F401  (the fixture reg
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import stable_models
-from stable_models import modeling_stable
-from stable_models.modeling_stable import BATCH_COUPLED, mask_position, with_self_attention
+from stable_models import modeling_rules
+from stable_models.modeling_masks import mask_position, with_self_attention
+from stable_models.modeling_rules import BATCH_COUPLED
 from stable_models.registry import refused_model_types
 
 LENGTHS = [9, 4, 6]  # up to 5 pads, longer than every sliding window (3)
@@ -347,7 +348,7 @@ def test_the_docs_list_the_types_built_but_not_tested():
 
 def test_a_class_built_for_a_type_the_tests_do_not_cover_says_so(monkeypatch):
     # the one untested type (gemma3n) cannot be built here (its vision tower needs timm), so mark a tested one
-    monkeypatch.setitem(modeling_stable.NOT_YET_TESTED, "qwen2", "a reason")
+    monkeypatch.setitem(modeling_rules.NOT_YET_TESTED, "qwen2", "a reason")
     with pytest.warns(UserWarning, match="tests do not cover model_type='qwen2' yet \\(a reason\\).*not verified"):
         BY_NAME["qwen2"].stable_class(make_config(BY_NAME["qwen2"]))
     with warnings.catch_warnings():

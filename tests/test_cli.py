@@ -16,7 +16,10 @@ from test_doctor import save_checkpoint
 from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+import stable_models
 from stable_models import cli
+from stable_models.commands import decoder_layer_linears
+from stable_models.data import read_rows
 
 pandas = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")
@@ -151,6 +154,55 @@ def test_evaluate_reports_and_calibrate_folds_the_temperature_into_the_head(trai
     assert "temperature" in capsys.readouterr().out
 
 
+def test_calibrate_in_python_is_the_cli_calibration(trained, tmp_path):
+    """stable_models.calibrate (no CLI) fits the temperature `evaluate --calibrate` fits on the same data, folds it
+    into the head the same way, and takes label names as the file holds them."""
+    output, data = trained
+    folder = tmp_path / "model"
+    shutil.copytree(output, folder)
+    assert run("evaluate", "--model", folder, "--data", data, "--calibrate") == 0
+    by_cli = json.loads((folder / "evaluation" / "report.json").read_text())["calibration"]
+
+    model = stable_models.from_pretrained(str(output), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    table = rows("string")
+    texts = [r["text"] for r in table]
+    with torch.no_grad():
+        before = model(**tokenizer(texts[:4], padding=True, return_tensors="pt")).logits
+    fitted = stable_models.calibrate(model, tokenizer, texts, [r["label"] for r in table])
+    assert fitted["temperature"] == pytest.approx(by_cli["temperature"], rel=1e-6)
+    assert fitted["nll_after"] < fitted["nll_before"] and fitted["nll_before"] == pytest.approx(by_cli["nll_before"])
+    with torch.no_grad():
+        after = model(**tokenizer(texts[:4], padding=True, return_tensors="pt")).logits
+    assert (after - before / fitted["temperature"]).abs().max() <= 1e-5 * max(1.0, before.abs().max().item())
+    assert model.config.calibration_temperature == pytest.approx(fitted["temperature"])
+
+
+@pytest.mark.parametrize("missing", ["sklearn", "pandas", "accelerate"])
+def test_without_the_cli_extra_the_commands_stop_before_any_work(missing, base, tmp_path, monkeypatch, capsys):
+    """A base install has the console script but not the cli extra: one line naming the fix, exit 2, nothing
+    written (before: training ran and died at the first evaluation with a scikit-learn traceback)."""
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    monkeypatch.setitem(sys.modules, missing, None)  # what an uninstalled package looks like to the import system
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", *FAST) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "pip install 'stable_models[cli]'" in error
+    assert not (tmp_path / "m").exists()
+    if missing != "accelerate":  # Trainer's dependency: evaluate and predict run without it
+        assert run("predict", "--model", base, "--data", data, "--output", tmp_path / "p.jsonl") == 2
+        assert "stable_models[cli]" in capsys.readouterr().err and not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "predict", "doctor"])
+def test_help_prints_each_default_once(command, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    options = re.split(r"\n  (?=-)", capsys.readouterr().out)  # one chunk per option
+    assert len(options) > 5
+    assert all(chunk.count("default") <= 1 for chunk in options), [c for c in options if c.count("default") > 1]
+    assert not any("(default: None)" in chunk or "(default: False)" in chunk for chunk in options)
+
+
 @pytest.mark.parametrize("kind", ["integer", "multi", "regression", "pair"])
 def test_label_kinds_decide_the_task(kind, base, tmp_path):
     table = rows(kind)
@@ -198,7 +250,7 @@ def test_every_file_format_gives_the_same_rows(tmp_path):
     datasets.Dataset.from_pandas(table).save_to_disk(str(tmp_path / "saved"))
     expected = table.to_dict("records")
     for name in ("d.csv", "d.tsv", "d.csv.gz", "d.jsonl", "d.json", "d.parquet", "saved"):
-        assert cli.read_rows(tmp_path / name) == expected, name
+        assert read_rows(tmp_path / name) == expected, name
 
 
 def test_resume_continues_from_the_last_checkpoint(base, tmp_path):
@@ -346,7 +398,7 @@ def test_lora_finds_the_linear_layers_of_a_legacy_class(tmp_path):
     """GPT-2's attention and MLP are Conv1D layers, not nn.Linear: LoRA targets them too."""
     gpt2 = save_checkpoint(tmp_path / "gpt2", "gpt2", qwen2_like())
     data = write(tmp_path / "train.jsonl", rows("string"))
-    assert cli.decoder_layer_linears(BY_NAME["gpt2"].causal_lm_class.from_pretrained(gpt2)) == [
+    assert decoder_layer_linears(BY_NAME["gpt2"].causal_lm_class.from_pretrained(gpt2)) == [
         "c_attn",
         "c_fc",
         "c_proj",

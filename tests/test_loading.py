@@ -27,6 +27,8 @@ from transformers import AutoModelForSequenceClassification, Trainer
 
 import stable_models
 
+# the core: save_pretrained copies modeling_stable.py and the modeling_* siblings it imports, and only those
+CORE_FILES = sorted(path.name for path in Path(stable_models.__file__).parent.glob("modeling_*.py"))
 REMOTE_LOAD = textwrap.dedent(
     """
     import sys
@@ -132,14 +134,14 @@ def check_round_trip(case, trips):
     name = arch.stable_class.__name__
     assert config["auto_map"] == {"AutoModelForSequenceClassification": f"modeling_stable.{name}"}
     assert config["classifier_pooling"] == pooling and config["model_type"] == arch.name
-    assert sorted(p.name for p in folder.glob("*.py")) == ["modeling_stable.py"]  # one self-contained file
+    assert sorted(p.name for p in folder.glob("*.py")) == CORE_FILES  # the core, nothing else
     for path in (folder, Path(f"{folder}-resaved")):
         class_path, logits = results[str(path)]
         assert class_path.startswith("transformers_modules.") and class_path.endswith("." + name)
         assert (logits - expected).abs().max() <= 1e-6
     resaved = Path(f"{folder}-resaved")
     assert json.loads((resaved / "config.json").read_text())["auto_map"] == config["auto_map"]
-    assert (resaved / "modeling_stable.py").is_file()
+    assert sorted(p.name for p in resaved.glob("*.py")) == CORE_FILES
 
 
 @pytest.mark.parametrize("case", SAMPLE_CASES, ids=case_id)
@@ -347,9 +349,11 @@ def test_config_without_auto_map(saved_folder):
     stable_models.check_checkpoint(str(saved_folder))
 
 
-def test_missing_code_file(saved_folder):
-    (saved_folder / "modeling_stable.py").unlink()
-    with pytest.raises(ValueError, match=r"modeling_stable.py: missing: auto_map needs this code file"):
+@pytest.mark.parametrize("name", ["modeling_stable.py", "modeling_masks.py"])
+def test_missing_code_file(saved_folder, name):
+    """The class's file, or a core sibling it imports: either one missing is named."""
+    (saved_folder / name).unlink()
+    with pytest.raises(ValueError, match=rf"{name}: missing: auto_map needs this code file"):
         stable_models.check_checkpoint(str(saved_folder))
 
 

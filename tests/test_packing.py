@@ -21,7 +21,7 @@ from test_masks import RECORDED, probes  # noqa: F401  (the fixture registers th
 from transformers import Trainer
 
 from stable_models import PackedCollator
-from stable_models.modeling_stable import PACKING_NEEDS, transformers_version
+from stable_models.modeling_rules import PACKING_NEEDS, transformers_version
 from stable_models.packing import first_fit_decreasing, rows_near_the_longest
 
 LENGTHS = [9, 4, 6, 1, 5]

@@ -139,13 +139,18 @@ def test_logits_and_loss_stay_fp32_under_bf16_autocast(arch):
     assert (out.logits - exact).abs().max() <= 3 * stock_error
 
 
+# Models that round through fp32 inside their layers whatever the model's dtype: there the fp64 noise of a batched
+# kernel (1e-16, which ones depends on the CPU's kernels) becomes fp32 rounding noise (measured on AVX512: 4e-8)
+ROUNDS_THROUGH_FP32 = {"llama4_text": "rotary embeddings in complex64: view_as_complex(query.float())"}
+
+
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_fp64_model_keeps_an_fp64_head(arch):
     """Padding invariance of real checkpoints is checked in fp64, where only exact handling of padding passes.
 
     Some of transformers' kernels compute in fp32 whatever the model's dtype: the eager attention's softmax, and the
-    gated-delta (linear attention) layers of Qwen3.5. fp64 is exact with sdpa and no such layers; the others (Gemma2,
-    which refuses sdpa, and Qwen3.5) get the fp32 bound."""
+    gated-delta (linear attention) layers of Qwen3.5, Llama 4's rotary embeddings. fp64 is exact with sdpa and no such
+    layers; the others (Gemma2, which refuses sdpa, Qwen3.5, Llama 4) get the fp32 bound."""
     attn = arch.attn_implementations[-1]
     stable, stock = make_models(arch, attn, dtype=torch.float64)
     assert stable.score.weight.dtype == torch.float64
@@ -159,4 +164,5 @@ def test_fp64_model_keeps_an_fp64_head(arch):
         alone = torch.cat([stable(s[None]).logits for s in sequences])
     assert out.logits.dtype == out.loss.dtype == torch.float64
     exact = attn == "sdpa" and attention_layer_count(stable.config) == stable.config.get_text_config().num_hidden_layers
+    exact = exact and arch.name not in ROUNDS_THROUGH_FP32
     assert (out.logits - alone).abs().max() <= (1e-12 if exact else 1e-5)

@@ -1,0 +1,227 @@
+"""Metrics and calibration of a classifier's logits, usable without the CLI: the evaluation report (scikit-learn
+scores, confusion matrix, ECE, or regression errors and correlations), temperature scaling folded into the `score`
+head, and per-class multi-label thresholds. `calibrate(model, tokenizer, texts, labels)` does it on held-out data.
+"""
+
+import torch
+
+TEMPERATURE_RANGE = (0.05, 20.0)
+
+
+@torch.no_grad()
+def forward_in_length_order(model, tokenizer, texts, pairs, batch_size=16, progress=True):
+    """Logits of every text in input order, computed on batches of similar length (less padding, same logits)."""
+    from tqdm.auto import tqdm
+
+    encoded = tokenizer(texts, pairs, truncation=True) if pairs is not None else tokenizer(texts, truncation=True)
+    ids = encoded["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
+    logits = [None] * len(ids)
+    device = next(model.parameters()).device
+    for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):
+        chosen = order[start : start + batch_size]
+        batch = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
+        out = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+        for row, i in enumerate(chosen):
+            logits[i] = out[row]
+    return torch.stack(logits)
+
+
+def probabilities(logits, task):
+    if task == "single_label_classification":
+        return logits.softmax(-1)
+    if task == "multi_label_classification":
+        return logits.sigmoid()
+    return logits
+
+
+def expected_calibration_error(confidence, correct, bins=15) -> float:
+    """Mean |accuracy - confidence| over equal-width confidence bins, weighted by their share of the predictions."""
+    confidence, correct = torch.as_tensor(confidence).flatten().double(), torch.as_tensor(correct).flatten().double()
+    edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
+    total = 0.0
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        inside = (confidence > low) & (confidence <= high) if low > 0 else (confidence >= low) & (confidence <= high)
+        if inside.any():
+            total += inside.double().mean().item() * abs(correct[inside].mean() - confidence[inside].mean()).item()
+    return total
+
+
+def calibration_points(logits, targets, task):
+    """(confidence, correct) pairs that ECE and the reliability diagram read."""
+    probs = probabilities(logits, task)
+    if task == "single_label_classification":
+        confidence, predicted = probs.max(-1)
+        return confidence, (predicted == torch.as_tensor(targets)).double()
+    return probs.flatten(), torch.as_tensor(targets, dtype=torch.float64).flatten()
+
+
+def metrics(logits, targets, task, names, thresholds=None) -> dict:
+    """The report: classification scores, a confusion matrix and ECE, or regression errors and correlations."""
+    import numpy
+    from sklearn import metrics as sk
+
+    logits = torch.as_tensor(logits, dtype=torch.float32)
+    if task == "regression":
+        from scipy import stats
+
+        predicted, truth = logits.squeeze(-1).numpy(), numpy.asarray(targets, dtype=numpy.float64)
+        constant = numpy.ptp(predicted) == 0 or numpy.ptp(truth) == 0
+        return {
+            "examples": len(truth),
+            "mse": float(sk.mean_squared_error(truth, predicted)),
+            "mae": float(sk.mean_absolute_error(truth, predicted)),
+            "pearson": None if constant else float(stats.pearsonr(truth, predicted)[0]),
+            "spearman": None if constant else float(stats.spearmanr(truth, predicted)[0]),
+        }
+    probs = probabilities(logits, task).numpy()
+    truth = numpy.asarray(targets)
+    if task == "single_label_classification":
+        predicted = probs.argmax(-1)
+        labels = list(range(len(names)))
+    else:
+        cut = numpy.asarray(thresholds if thresholds is not None else [0.5] * len(names))
+        predicted = (probs >= cut).astype(int)
+        truth = truth.astype(int)
+        labels = None
+    precision, recall, f1, support = sk.precision_recall_fscore_support(
+        truth, predicted, labels=labels, zero_division=0
+    )
+    report = {
+        "examples": len(truth),
+        "accuracy": float(sk.accuracy_score(truth, predicted)),
+        "f1_macro": float(sk.f1_score(truth, predicted, average="macro", labels=labels, zero_division=0)),
+        "f1_micro": float(sk.f1_score(truth, predicted, average="micro", labels=labels, zero_division=0)),
+        "per_class": {
+            name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+            for name, p, r, f, s in zip(names, precision, recall, f1, support, strict=True)
+        },
+        "ece": expected_calibration_error(*calibration_points(logits, targets, task)),
+    }
+    if task == "single_label_classification":
+        report["confusion_matrix"] = sk.confusion_matrix(truth, predicted, labels=labels).tolist()
+        if len(names) == 2 and len(set(truth.tolist())) == 2:
+            report["roc_auc"] = float(sk.roc_auc_score(truth, probs[:, 1]))
+    else:
+        present = [c for c in range(len(names)) if 0 < truth[:, c].sum() < len(truth)]
+        if present:
+            report["roc_auc"] = float(sk.roc_auc_score(truth[:, present], probs[:, present], average="macro"))
+        report["confusion_matrix"] = sk.multilabel_confusion_matrix(truth, predicted).tolist()
+    return report
+
+
+def negative_log_likelihood(logits, targets, task) -> float:
+    """What temperature scaling minimises (ECE is binned, so it may move either way by a little)."""
+    logits = torch.as_tensor(logits, dtype=torch.float64)
+    if task == "single_label_classification":
+        return torch.nn.functional.cross_entropy(logits, torch.as_tensor(targets, dtype=torch.long)).item()
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.as_tensor(targets).double()).item()
+
+
+def fit_temperature(logits, targets, task) -> float:
+    """The temperature T (within TEMPERATURE_RANGE) that minimises the eval set's negative log-likelihood of
+    logits / T."""
+    logits = torch.as_tensor(logits, dtype=torch.float64)
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    if task == "single_label_classification":
+        targets = torch.as_tensor(targets, dtype=torch.long)
+
+        def nll():
+            return torch.nn.functional.cross_entropy(logits / log_t.exp(), targets)
+    else:
+        targets = torch.as_tensor(targets, dtype=torch.float64)
+
+        def nll():
+            return torch.nn.functional.binary_cross_entropy_with_logits(logits / log_t.exp(), targets)
+
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = nll()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    # a separable eval set drives T towards 0 (certainty); keep it within what a held-out set can support
+    return float(log_t.detach().exp().clamp(*TEMPERATURE_RANGE))
+
+
+def fit_thresholds(probs, targets) -> list[float]:
+    """Per class, the probability cut that maximises that class's F1 on the eval set (0.5 where it has no positives)."""
+    probs, targets = torch.as_tensor(probs), torch.as_tensor(targets, dtype=torch.float64)
+    cuts = []
+    for c in range(probs.shape[1]):
+        if targets[:, c].sum() == 0:
+            cuts.append(0.5)
+            continue
+        best, best_f1 = 0.5, -1.0
+        for cut in sorted(set(probs[:, c].tolist())):
+            predicted = (probs[:, c] >= cut).double()
+            true_positive = (predicted * targets[:, c]).sum().item()
+            f1 = 2 * true_positive / (predicted.sum().item() + targets[:, c].sum().item())
+            if f1 > best_f1:
+                best, best_f1 = cut, f1
+        cuts.append(float(best))
+    return cuts
+
+
+
+def fold_temperature(model, temperature: float) -> None:
+    """Divide the `score` head by `temperature`, so the model's own logits come out calibrated (and served so), and
+    record the product of every temperature folded in as `config.calibration_temperature`."""
+    head = model.score
+    with torch.no_grad():
+        head.weight.div_(temperature)
+        if head.bias is not None:
+            head.bias.div_(temperature)
+    model.config.calibration_temperature = getattr(model.config, "calibration_temperature", 1.0) * temperature
+
+
+def calibrate_logits(model, logits, targets, task) -> tuple[dict, torch.Tensor]:
+    """Fit a temperature to held-out logits and their targets (class ids, or 0/1 rows for multi-label), fold it into
+    the model's head and, for multi-label, set per-class thresholds in its config. Returns (what was fitted, with the
+    NLL and ECE before and after; the calibrated logits)."""
+    if task == "regression":
+        raise ValueError("calibration applies to classification; this model is a regression")
+    temperature = fit_temperature(logits, targets, task)
+    fitted = {
+        "temperature": temperature,
+        "nll_before": negative_log_likelihood(logits, targets, task),
+        "ece_before": expected_calibration_error(*calibration_points(logits, targets, task)),
+    }
+    fold_temperature(model, temperature)
+    logits = torch.as_tensor(logits) / temperature
+    fitted["nll_after"] = negative_log_likelihood(logits, targets, task)
+    if task == "multi_label_classification":
+        thresholds = fit_thresholds(probabilities(logits, task), targets)
+        model.config.multi_label_thresholds = thresholds
+        names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        fitted["thresholds"] = dict(zip(names, thresholds, strict=True))
+    fitted["ece_after"] = expected_calibration_error(*calibration_points(logits, targets, task))
+    return fitted, logits
+
+
+def calibrate(model, tokenizer, texts, labels, pairs=None, batch_size=16) -> dict:
+    """Calibrate a classifier on held-out texts and labels (label names or ids; for multi-label, lists of names or
+    0/1 rows), in place: the temperature goes into `model.score`, thresholds into `model.config`. Save the model
+    afterwards to keep them. Returns the temperature, NLL and ECE before and after (and the thresholds)."""
+    task = model.config.problem_type or "single_label_classification"
+    label2id = {name: i for i, name in model.config.id2label.items()}
+    label2id |= {str(name): i for name, i in label2id.items()}
+
+    def label_id(label):
+        return label if isinstance(label, int) else label2id[str(label)]
+
+    if task == "multi_label_classification":
+        targets = [
+            [float(v) for v in row] if all(isinstance(v, (int, float)) for v in row) else
+            [1.0 if i in {label_id(v) for v in row} else 0.0 for i in range(model.config.num_labels)]
+            for row in labels
+        ]
+    else:
+        targets = [label_id(label) for label in labels]
+    was_training = model.training
+    logits = forward_in_length_order(model.eval(), tokenizer, texts, pairs, batch_size, progress=False)
+    model.train(was_training)
+    return calibrate_logits(model, logits, targets, task)[0]

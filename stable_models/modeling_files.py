@@ -1,0 +1,209 @@
+"""The files of a saved checkpoint: the checks that make a broken folder fail with a clear message (config.json,
+code files, safetensors headers), the stock architecture name engines pick by, the sentence-transformers pooling
+files vLLM reads, the pad id serving needs, and the model card.
+
+Part of the core copied next to a checkpoint (a class loaded as remote code saves again).
+"""
+
+import json
+import os
+import re
+import struct
+
+from .modeling_pooling import DEFAULT_POOLING, POOLING_MODES
+
+MODEL_CARD = """---
+library_name: transformers
+tags: [stable_models, text-classification]
+---
+# {name}
+
+A `stable_models` sequence classifier (`{name}`, pooling `{pooling}`): pooling from `attention_mask`, padding-invariant
+logits, no fully masked attention rows, fp32 head, logits and loss. See https://pypi.org/project/stable_models/.
+
+Load it with remote code, which this folder carries (no `stable_models` install needed):
+
+```python
+from transformers import AutoModelForSequenceClassification
+model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder", trust_remote_code=True)
+```
+
+**Without `trust_remote_code=True` transformers silently loads the stock `{stock}`** (same weights, none of
+the guarantees). Check with `type(model).__name__ == "{name}"`.
+"""
+
+
+# Serving engines read a classifier's pooling from sentence-transformers files, not from config.json: vLLM's
+# get_pooling_config takes the seq pooling from the Pooling module's config.json (last-token without one) and its
+# activation from whether a Normalize module is listed. Written for `pooling="mean"` checkpoints only.
+SENTENCE_TRANSFORMERS_MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+
+POOLING_FLAGS = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken")
+
+
+def name_the_stock_architecture(folder: str, stock_name: str) -> None:
+    """config.json's `architectures` as the stock class would write it. vLLM and other engines refuse a Stable name
+    (they pick their implementation by it); `auto_map` still leads transformers to the Stable class."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as handle:
+        config = json.load(handle)
+    if config.get("architectures") != [stock_name]:
+        config["architectures"] = [stock_name]
+        with open(path, "w") as handle:
+            handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def write_pooling_files(folder: str, pooling: str, hidden_size: int) -> None:
+    """A mean-pooled checkpoint carries modules.json + 1_Pooling/config.json (mean) so vLLM pools as we do (its
+    default is the last token); a last-pooled one needs none, and files written here earlier are removed."""
+    modules = os.path.join(folder, "modules.json")
+    if pooling == "mean":
+        os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+        os.makedirs(os.path.join(folder, "2_Normalize"), exist_ok=True)
+        flags = {f"pooling_mode_{flag}": flag == "mean_tokens" for flag in POOLING_FLAGS}
+        with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as handle:
+            json.dump({"word_embedding_dimension": hidden_size, **flags, "include_prompt": True}, handle, indent=2)
+        with open(modules, "w") as handle:
+            json.dump(SENTENCE_TRANSFORMERS_MODULES, handle, indent=2)
+        return
+    try:
+        with open(modules) as handle:
+            ours = json.load(handle) == SENTENCE_TRANSFORMERS_MODULES
+    except (OSError, ValueError):
+        ours = False
+    if ours:  # a stale mean-pooling declaration in a folder this checkpoint now overwrites
+        os.remove(modules)
+        pooling_config = os.path.join(folder, "1_Pooling", "config.json")
+        if os.path.isfile(pooling_config):
+            os.remove(pooling_config)
+        for path in (os.path.join(folder, "1_Pooling"), os.path.join(folder, "2_Normalize")):
+            if os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
+
+
+def tokenizer_pad_token_id(*sources) -> int | None:
+    """The pad id of the first tokenizer found locally at one of these folders or cached hub ids (no download)."""
+    from transformers import AutoTokenizer  # only when a checkpoint is saved without pad_token_id
+
+    for source in sources:
+        if not source:
+            continue
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        except Exception:  # no tokenizer there: try the next source
+            continue
+        if getattr(tokenizer, "pad_token_id", None) is not None:
+            return tokenizer.pad_token_id
+    return None
+
+
+NO_PAD_TOKEN_ID = (
+    "{name}.save_pretrained({folder!r}): config.json gets no pad_token_id and no tokenizer with a pad token was "
+    "found next to the model or where it was loaded from. This model pools by attention_mask and does not need it, "
+    "but serving engines (TEI, infinity) and the stock class refuse batches of more than one text without it. Call "
+    "stable_models.setup_pad_token(tokenizer, model) (or set model.config.pad_token_id) before saving."
+)
+
+
+def _fail(path, problem, fix):
+    raise ValueError(f"{path}: {problem}. {fix}")
+
+
+def check_safetensors(path: str) -> None:
+    """Read a safetensors header with the standard library and check the file holds every tensor it lists."""
+    size = os.path.getsize(path)
+    fix = "The file is truncated or corrupt: save the model again or copy the file again."
+    with open(path, "rb") as handle:
+        if size < 8:
+            _fail(path, f"only {size} bytes, no safetensors header", fix)
+        (header_size,) = struct.unpack("<Q", handle.read(8))
+        if header_size > size - 8:
+            _fail(path, f"header of {header_size} bytes does not fit in a {size}-byte file", fix)
+        try:
+            header = json.loads(handle.read(header_size))
+        except ValueError:
+            _fail(path, "the safetensors header is not valid JSON", fix)
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    if 8 + header_size + end > size:
+        _fail(path, f"{size} bytes, but its tensors need {8 + header_size + end}", fix)
+
+
+RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.(\w+)\s+import", re.MULTILINE)
+
+
+def code_files(folder: str, first: str) -> list[str]:
+    """`first` and every file it imports as `from .x import` (recursively): the files transformers copies and loads
+    for remote code (its `get_relative_import_files` rule). Files that are missing are listed, not read."""
+    found, queue = [], [first]
+    while queue:
+        name = queue.pop(0)
+        if name in found:
+            continue
+        found.append(name)
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                queue += [f"{module}.py" for module in RELATIVE_IMPORT.findall(handle.read())]
+    return found
+
+
+def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | None = None) -> None:
+    """Raise a ValueError naming the file and the fix if a saved folder cannot load as a Stable model.
+
+    Checks config.json, the classifier_pooling value (unless `pooling` overrides it), every weights file and, with
+    `require_auto_map`, the auto_map entry and the code files that trust_remote_code loading needs.
+    """
+    config_path = os.path.join(folder, "config.json")
+    if not os.path.isfile(config_path):
+        _fail(folder, "no config.json", "Point from_pretrained at the folder save_pretrained wrote.")
+    try:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    except ValueError as error:
+        _fail(config_path, f"not valid JSON ({error})", "Restore the file, or save the model again.")
+    value = pooling or config.get("classifier_pooling", DEFAULT_POOLING)
+    if value not in POOLING_MODES:
+        _fail(
+            config_path,
+            f"classifier_pooling={value!r} is not one of {POOLING_MODES}",
+            "Set it to 'last' or 'mean' in config.json, or pass pooling='last' to from_pretrained.",
+        )
+    if require_auto_map:
+        target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+        if not target:
+            _fail(
+                config_path,
+                "no auto_map for AutoModelForSequenceClassification, so AutoModel with "
+                "trust_remote_code=True would silently load the stock class",
+                "Load it with the Stable class's from_pretrained and save_pretrained it again.",
+            )
+        code_file = target.split("--")[-1].rsplit(".", 1)[0] + ".py"
+        for name in code_files(folder, code_file):
+            needed = os.path.join(folder, name)
+            if not os.path.isfile(needed):
+                _fail(needed, "missing: auto_map needs this code file", "Save the model again with save_pretrained.")
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path) as handle:
+            files = sorted(set(json.load(handle)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+        files = ["model.safetensors"]
+    elif os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
+        files = []
+    else:
+        _fail(
+            folder,
+            "no weights (model.safetensors, model.safetensors.index.json or pytorch_model.bin)",
+            "Copy the weights next to config.json, or save the model again.",
+        )
+    for name in files:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            _fail(path, "missing: the weights index lists it", "Copy every shard next to the index, or save again.")
+        check_safetensors(path)
+

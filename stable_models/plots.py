@@ -1,0 +1,67 @@
+"""The PNG plots of an evaluation (confusion matrix, reliability diagram, training curves), drawn with matplotlib
+when it is installed (the `cli` extra); without it, no plots and a hint.
+"""
+
+from pathlib import Path
+
+import torch
+
+from .calibration import calibration_points
+
+PLOTS_HINT = "pip install 'stable_models[cli]' for the PNG plots (matplotlib)"
+
+
+def plot_report(report, task, names, logits, targets, folder: Path, training_log=None) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    if task == "single_label_classification":
+        figure, axes = plt.subplots(figsize=(1.2 * len(names) + 3, 1.2 * len(names) + 2))
+        matrix = report["confusion_matrix"]
+        axes.imshow(matrix, cmap="Blues")
+        for i, row in enumerate(matrix):
+            for j, count in enumerate(row):
+                axes.text(j, i, str(count), ha="center", va="center")
+        axes.set(xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names)
+        axes.set(xlabel="predicted", ylabel="true", title="confusion matrix")
+        written.append(save_figure(figure, folder / "confusion_matrix.png"))
+    if task != "regression":
+        confidence, correct = calibration_points(logits, targets, task)
+        edges = torch.linspace(0, 1, 11)
+        centres, accuracy = [], []
+        for low, high in zip(edges[:-1], edges[1:], strict=True):
+            inside = (confidence >= low) & (confidence <= high)
+            if inside.any():
+                centres.append(confidence[inside].mean().item())
+                accuracy.append(correct[inside].mean().item())
+        figure, axes = plt.subplots(figsize=(4.5, 4.5))
+        axes.plot([0, 1], [0, 1], "--", color="grey", label="perfectly calibrated")
+        axes.plot(centres, accuracy, "o-", label=f"model (ECE {report['ece']:.3f})")
+        axes.set(xlabel="confidence", ylabel="accuracy", title="reliability diagram", xlim=(0, 1), ylim=(0, 1))
+        axes.legend()
+        written.append(save_figure(figure, folder / "reliability.png"))
+    if training_log:
+        panels = [("loss", "training loss"), ("grad_norm", "gradient norm"), ("eval_loss", "eval loss")]
+        figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+        for axis, (key, title) in zip(axes, panels, strict=True):
+            points = [(e["step"], e[key]) for e in training_log if key in e and e[key] is not None]
+            if points:
+                axis.plot(*zip(*points, strict=True), "o-" if len(points) < 30 else "-")
+            axis.set(xlabel="step", title=title)
+        written.append(save_figure(figure, folder / "training_curves.png"))
+    return written
+
+
+def save_figure(figure, path: Path) -> str:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return str(path)
+
