@@ -18,6 +18,17 @@ from .commands import evaluate, predict, train
 from .data import CliError
 from .doctor import HelpFormatter
 
+# transformers' SchedulerType values that need no extra arguments
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="stable-models", description=__doc__, formatter_class=HelpFormatter)
@@ -48,6 +59,15 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     t.add_argument("--qlora", action="store_true", help="4-bit base weights with LoRA (needs bitsandbytes)")
     t.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2 x rank) on every decoder linear")
+    t.add_argument(
+        "--lora-target", help="comma-separated module names for LoRA (default: every linear in the decoder layers)"
+    )
+    t.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA path")
+    t.add_argument("--attn-implementation", help="eager, sdpa, flex_attention, ... (default: the model's own)")
+    t.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations: less memory")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    t.add_argument("--warmup-ratio", type=float, default=0.05, help="share of the steps with a linear warm-up")
+    t.add_argument("--scheduler", default="linear", choices=SCHEDULERS, help="learning-rate schedule after warm-up")
     t.add_argument("--lr", type=float, help="learning rate (default: 2e-4 with LoRA, 2e-5 full)")
     t.add_argument("--batch-size", type=int, default=8, help="examples per micro-batch")
     t.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (exact: StableTrainer)")

@@ -198,6 +198,8 @@ def loading_options(args, data: LabelledData) -> dict:
     )
     if args.gguf_file:
         load["gguf_file"] = args.gguf_file
+    if args.attn_implementation:
+        load["attn_implementation"] = args.attn_implementation
     return load
 
 
@@ -257,10 +259,18 @@ def with_adapters(model, args):
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    targets = [name.strip() for name in args.lora_target.split(",")] if args.lora_target else None
     lora = LoraConfig(
-        task_type="SEQ_CLS", r=args.lora_r, lora_alpha=2 * args.lora_r, target_modules=decoder_layer_linears(model)
+        task_type="SEQ_CLS",
+        r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets or decoder_layer_linears(model),
     )
-    return get_peft_model(model, lora)
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # peft names the targets it did not find
+        raise CliError(f"--lora-target {args.lora_target}: {str(error).splitlines()[0]}") from None
 
 
 def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set, dtype: str, checkpoints: Path):
@@ -290,7 +300,10 @@ def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set
         learning_rate=args.lr or (2e-5 if args.full else 2e-4),
         num_train_epochs=args.epochs,
         max_steps=args.max_steps or -1,
-        warmup_steps=max(1, total_steps // 20),
+        warmup_steps=int(total_steps * args.warmup_ratio) or (1 if args.warmup_ratio else 0),
+        lr_scheduler_type=args.scheduler,
+        weight_decay=args.weight_decay,
+        gradient_checkpointing=args.gradient_checkpointing,
         eval_strategy="steps",
         eval_steps=eval_steps,
         save_strategy="steps",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from architectures import BY_NAME, make_config
+from safetensors.torch import load_file
 from test_doctor import save_checkpoint
 from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -176,6 +177,35 @@ def test_calibrate_in_python_is_the_cli_calibration(trained, tmp_path):
         after = model(**tokenizer(texts[:4], padding=True, return_tensors="pt")).logits
     assert (after - before / fitted["temperature"]).abs().max() <= 1e-5 * max(1.0, before.abs().max().item())
     assert model.config.calibration_temperature == pytest.approx(fitted["temperature"])
+
+
+def test_training_flags_reach_trainer_and_peft(base, tmp_path):
+    """--gradient-checkpointing, --attn-implementation, --lora-target / --lora-dropout, --weight-decay,
+    --warmup-ratio and --scheduler land in TrainingArguments and the LoRA config, and LoRA still learns under
+    gradient checkpointing (its B matrices, zero at the start, move)."""
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    flags = ["--gradient-checkpointing", "--attn-implementation", "eager", "--lora-target", "q_proj, v_proj"]
+    flags += ["--lora-dropout", "0.1", "--weight-decay", "0.01", "--warmup-ratio", "0.5", "--scheduler", "cosine"]
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", *FAST, *flags) == 0
+    checkpoint = sorted((tmp_path / "m" / "checkpoints").glob("checkpoint-*"))[-1]
+    arguments = torch.load(checkpoint / "training_args.bin", weights_only=False)
+    assert arguments.gradient_checkpointing and arguments.weight_decay == 0.01
+    assert arguments.lr_scheduler_type == "cosine" and arguments.warmup_steps == 3  # half of 6 steps
+    adapter = json.loads((checkpoint / "adapter_config.json").read_text())
+    assert set(adapter["target_modules"]) == {"q_proj", "v_proj"} and adapter["lora_dropout"] == 0.1
+    weights = load_file(checkpoint / "adapter_model.safetensors")
+    lora_b = [value for key, value in weights.items() if "lora_B" in key]
+    assert len(lora_b) == 4 and all(value.abs().max() > 0 for value in lora_b)  # 2 layers x q, v
+
+
+def test_bad_training_flags_are_one_line_errors(base, tmp_path, capsys):
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    common = ["train", "--model", base, "--train", data, "--output", tmp_path / "m", *FAST]
+    assert run(*common, "--lora-target", "no_such_layer") == 2
+    assert "--lora-target no_such_layer" in capsys.readouterr().err
+    assert run(*common, "--attn-implementation", "no_such_kernel", "--overwrite") == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after the "[train] loading ..." progress line
+    assert error.startswith("stable-models: error: --model") and "no_such_kernel" in error
 
 
 @pytest.mark.parametrize("missing", ["sklearn", "pandas", "accelerate"])
@@ -385,8 +415,6 @@ def test_qlora_trains_4bit_and_saves_a_full_precision_merged_model(tmp_path):
     )
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert "quantization_config" not in saved
-    from safetensors.torch import load_file
-
     weights = load_file(tmp_path / "m" / "model.safetensors")
     assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (64, 64)  # full precision, not packed 4-bit
     assert not any("lora" in key for key in weights)
