@@ -9,8 +9,10 @@ exit code 2, before anything is written. Needs the `cli` extra (datasets, scikit
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -171,6 +173,20 @@ def check_cli_extra(command: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def environment_restored():
+    """A command run in-process (`cli.main`) leaves os.environ as it found it: transformers 4.x's TrainingArguments
+    writes ACCELERATE_MIXED_PRECISION=bf16 there (where train picks bf16), which turned the caller's later Trainer
+    runs, and the processes it starts, into bf16 ones."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["doctor"]:
@@ -180,7 +196,8 @@ def main(argv=None) -> int:
     try:
         args = parse(argv)
         check_cli_extra(args.command)
-        return {"train": train, "evaluate": evaluate, "predict": predict}[args.command](args)
+        with environment_restored():
+            return {"train": train, "evaluate": evaluate, "predict": predict}[args.command](args)
     except CliError as error:
         print(f"stable-models: error: {error}", file=sys.stderr)
         return 2

@@ -304,6 +304,8 @@ def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set
         lr_scheduler_type=args.scheduler,
         weight_decay=args.weight_decay,
         gradient_checkpointing=args.gradient_checkpointing,
+        # reentrant checkpointing (transformers 4.x's default) passes no gradient to LoRA: its inputs need none
+        gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
         eval_strategy="steps",
         eval_steps=eval_steps,
         save_strategy="steps",

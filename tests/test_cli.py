@@ -2,6 +2,7 @@
 and small data files in every format. In-process (`cli.main`), except one run of the installed console script."""
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -196,6 +197,15 @@ def test_training_flags_reach_trainer_and_peft(base, tmp_path):
     weights = load_file(checkpoint / "adapter_model.safetensors")
     lora_b = [value for key, value in weights.items() if "lora_B" in key]
     assert len(lora_b) == 4 and all(value.abs().max() > 0 for value in lora_b)  # 2 layers x q, v
+
+
+def test_train_in_process_leaves_the_environment_as_it_was(base, tmp_path):
+    """transformers 4.57's TrainingArguments(bf16=True) sets ACCELERATE_MIXED_PRECISION=bf16 process-wide: after an
+    in-process bf16 `train`, the caller's next Trainer run (and the processes it starts) trained in bf16."""
+    data = write(tmp_path / "train.jsonl", rows("string"))
+    before = dict(os.environ)
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", *FAST, "--dtype", "bf16") == 0
+    assert dict(os.environ) == before
 
 
 def test_bad_training_flags_are_one_line_errors(base, tmp_path, capsys):
