@@ -5,6 +5,8 @@ head, and per-class multi-label thresholds. `calibrate(model, tokenizer, texts, 
 
 import torch
 
+from .data import encode_labels
+
 TEMPERATURE_RANGE = (0.05, 20.0)
 
 
@@ -203,24 +205,16 @@ def calibrate_logits(model, logits, targets, task) -> tuple[dict, torch.Tensor]:
 
 
 def calibrate(model, tokenizer, texts, labels, pairs=None, batch_size=16) -> dict:
-    """Calibrate a classifier on held-out texts and labels (label names or ids; for multi-label, lists of names or
-    0/1 rows), in place: the temperature goes into `model.score`, thresholds into `model.config`. Save the model
-    afterwards to keep them. Returns the temperature, NLL and ECE before and after (and the thresholds)."""
+    """Calibrate a classifier on held-out texts and labels (label names or ids; for multi-label, lists of them), in
+    place: the temperature goes into `model.score`, thresholds into `model.config`. Save the model afterwards to keep
+    them. Returns the temperature, NLL and ECE before and after (and the thresholds)."""
     task = model.config.problem_type or "single_label_classification"
-    label2id = {name: i for i, name in model.config.id2label.items()}
-    label2id |= {str(name): i for name, i in label2id.items()}
 
-    def label_id(label):
-        return label if isinstance(label, int) else label2id[str(label)]
+    def name(label):
+        return model.config.id2label[label] if isinstance(label, int) else str(label)
 
-    if task == "multi_label_classification":
-        targets = [
-            [float(v) for v in row] if all(isinstance(v, (int, float)) for v in row) else
-            [1.0 if i in {label_id(v) for v in row} else 0.0 for i in range(model.config.num_labels)]
-            for row in labels
-        ]
-    else:
-        targets = [label_id(label) for label in labels]
+    named = [[name(v) for v in label] if isinstance(label, (list, tuple)) else name(label) for label in labels]
+    targets = encode_labels(named, task, model.config.label2id, "calibrate(labels=...)")
     was_training = model.training
     logits = forward_in_length_order(model.eval(), tokenizer, texts, pairs, batch_size, progress=False)
     model.train(was_training)

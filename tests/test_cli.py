@@ -178,6 +178,8 @@ def test_calibrate_in_python_is_the_cli_calibration(trained, tmp_path):
         after = model(**tokenizer(texts[:4], padding=True, return_tensors="pt")).logits
     assert (after - before / fitted["temperature"]).abs().max() <= 1e-5 * max(1.0, before.abs().max().item())
     assert model.config.calibration_temperature == pytest.approx(fitted["temperature"])
+    with pytest.raises(Exception, match=r"calibrate\(labels=...\): labels \['meh'\] are not among the model's labels"):
+        stable_models.calibrate(model, tokenizer, texts[:2], ["pos", "meh"])
 
 
 def test_training_flags_reach_trainer_and_peft(base, tmp_path):
