@@ -10,23 +10,49 @@ from .data import encode_labels
 TEMPERATURE_RANGE = (0.05, 20.0)
 
 
-@torch.no_grad()
-def forward_in_length_order(model, tokenizer, texts, pairs, batch_size=16, progress=True):
-    """Logits of every text in input order, computed on batches of similar length (less padding, same logits)."""
-    from tqdm.auto import tqdm
+SCORING_CHUNK = 4_096  # rows tokenized and sorted by length at a time when scoring a table
 
-    encoded = tokenizer(texts, pairs, truncation=True) if pairs is not None else tokenizer(texts, truncation=True)
-    ids = encoded["input_ids"]
+
+@torch.no_grad()
+def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None):
+    """Logits of token-id lists in their order, computed on batches of similar length (less padding, same logits)."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
     logits = [None] * len(ids)
     device = next(model.parameters()).device
-    for start in tqdm(range(0, len(order), batch_size), desc="scoring", disable=not progress, unit="batch"):
+    for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
         batch = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
         out = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
         for row, i in enumerate(chosen):
             logits[i] = out[row]
+        if progress is not None:
+            progress.update(len(chosen))
     return torch.stack(logits)
+
+
+def forward_in_length_order(model, tokenizer, texts, pairs, batch_size=16, progress=True):
+    """Logits of every text in input order, computed on batches of similar length (less padding, same logits)."""
+    from tqdm.auto import tqdm
+
+    encoded = tokenizer(texts, pairs, truncation=True) if pairs is not None else tokenizer(texts, truncation=True)
+    with tqdm(total=len(texts), desc="scoring", disable=not progress, unit="row") as bar:
+        return logits_in_length_order(model, tokenizer, encoded["input_ids"], batch_size, bar)
+
+
+def stream_logits(model, tokenizer, table, text_key, pair_key, rows: range, batch_size=16, progress=True):
+    """(texts, logits) for `rows` of a datasets table, SCORING_CHUNK rows at a time, in row order: memory stays flat
+    in the number of rows."""
+    from tqdm.auto import tqdm
+
+    from .data import texts_of
+
+    part = table.select(rows) if len(rows) != len(table) else table
+    columns = [text_key] + ([pair_key] if pair_key else [])
+    with tqdm(total=len(part), desc="scoring", disable=not progress, unit="row") as bar:
+        for batch in part.select_columns(columns).iter(batch_size=SCORING_CHUNK):
+            texts, pairs = texts_of(batch, text_key, pair_key)
+            encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
+            yield texts, logits_in_length_order(model, tokenizer, encoded["input_ids"], batch_size, bar)
 
 
 def probabilities(logits, task):
@@ -150,7 +176,8 @@ def fit_temperature(logits, targets, task) -> float:
 
 
 def fit_thresholds(probs, targets) -> list[float]:
-    """Per class, the probability cut that maximises that class's F1 on the eval set (0.5 where it has no positives)."""
+    """Per class, the probability cut that maximises that class's F1 on the eval set (0.5 where it has no positives),
+    placed halfway between the lowest probability it keeps and the next lower one."""
     probs, targets = torch.as_tensor(probs), torch.as_tensor(targets, dtype=torch.float64)
     cuts = []
     for c in range(probs.shape[1]):
@@ -158,15 +185,15 @@ def fit_thresholds(probs, targets) -> list[float]:
             cuts.append(0.5)
             continue
         best, best_f1 = 0.5, -1.0
-        for cut in sorted(set(probs[:, c].tolist())):
+        values = sorted(set(probs[:, c].tolist()))
+        for below, cut in zip([0.0, *values], values, strict=False):
             predicted = (probs[:, c] >= cut).double()
             true_positive = (predicted * targets[:, c]).sum().item()
             f1 = 2 * true_positive / (predicted.sum().item() + targets[:, c].sum().item())
-            if f1 > best_f1:
-                best, best_f1 = cut, f1
+            if f1 > best_f1:  # halfway to the next lower probability: rounding cannot move a row across the cut
+                best, best_f1 = (below + cut) / 2, f1
         cuts.append(float(best))
     return cuts
-
 
 
 def fold_temperature(model, temperature: float) -> None:

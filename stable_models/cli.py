@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .commands import evaluate, predict, train
 from .data import CliError
+from .distributed import report
 from .doctor import HelpFormatter
 
 # transformers' SchedulerType values that need no extra arguments
@@ -66,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--lora-dropout", type=float, default=0.0, help="dropout on the LoRA path")
     t.add_argument("--attn-implementation", help="eager, sdpa, flex_attention, ... (default: the model's own)")
+    t.add_argument(
+        "--deepspeed", help="zero2, zero3 (built-in configs) or a DeepSpeed JSON config; launch with torchrun"
+    )
+    t.add_argument("--fsdp", action="store_true", help="FSDP full sharding (GPUs); launch with torchrun")
     t.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations: less memory")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     t.add_argument("--warmup-ratio", type=float, default=0.05, help="share of the steps with a linear warm-up")
@@ -199,9 +204,8 @@ def main(argv=None) -> int:
         with environment_restored():
             return {"train": train, "evaluate": evaluate, "predict": predict}[args.command](args)
     except CliError as error:
-        print(f"stable-models: error: {error}", file=sys.stderr)
+        report(error)  # once per job, not once per process
         return 2
-
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 and checking), calibration.py (metrics, temperature, thresholds) and plots.py. cli.py parses the arguments.
 """
 
+import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -12,8 +14,21 @@ from pathlib import Path
 
 import torch
 
-from .calibration import calibrate_logits, forward_in_length_order, metrics, probabilities
-from .data import CliError, encode_labels, label_names, labelled, read_rows, split_eval, texts_of, tokenize
+from .calibration import calibrate_logits, metrics, probabilities, stream_logits
+from .data import (
+    CliError,
+    check_known_labels,
+    check_texts,
+    column_max,
+    encode_labels,
+    encoded,
+    label_counts,
+    label_names,
+    labelled,
+    read_table,
+    split_eval,
+)
+from .distributed import Job, output_lock, refuse_if_locked
 from .plots import PLOTS_HINT, plot_report
 
 
@@ -52,8 +67,9 @@ def load_tokenizer(model: str, gguf_file=None):
         raise CliError(f"--model {model}: no tokenizer could be loaded ({str(error).splitlines()[0]})") from None
 
 
-def load_classifier(model: str):
-    """A classifier folder saved by `train` (or any Stable / stock classifier folder), in fp32, eval mode."""
+def load_classifier(model: str, device=None):
+    """A classifier folder saved by `train` (or any Stable / stock classifier folder), in fp32, eval mode, on
+    `device` (default: the CPU)."""
     import stable_models
 
     check_model_path(model, None)
@@ -76,7 +92,7 @@ def load_classifier(model: str):
         from .tokenization import setup_pad_token
 
         setup_pad_token(tokenizer)
-    return classifier.eval(), tokenizer
+    return classifier.to(device or "cpu").eval(), tokenizer
 
 
 def save_in_place(model, folder: Path) -> None:
@@ -93,6 +109,8 @@ def save_in_place(model, folder: Path) -> None:
 def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
     if output.exists() and not output.is_dir():
         raise CliError(f"--output {output} is a file; give a directory")
+    if output.is_dir():
+        refuse_if_locked(output)
     if output.is_dir() and any(output.iterdir()) and not (overwrite or resume):
         raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
 
@@ -111,17 +129,18 @@ def decoder_layer_linears(model) -> list[str]:
     return sorted(names)
 
 
-def preflight(model, tokenizer, texts, pairs, labels, task, folder) -> None:
+def preflight(model, tokenizer, train_set, task, folder, job: Job) -> None:
     """The doctor's checks on the first examples: finite loss and gradients, padding-invariant logits, an fp32 loss
-    that honours num_items_in_batch. Stops with the doctor's report when one fails."""
+    that honours num_items_in_batch. Stops with the doctor's report when one fails. Every rank runs it on the same
+    examples (so every rank stops alike); rank 0 reports."""
     from .doctor import PADDING_TOLERANCE, run_one
 
-    count = min(8, len(texts))
-    ids = tokenize(tokenizer, texts[:count], pairs[:count] if pairs else None)
+    first = train_set[: min(8, len(train_set))]
+    ids, labels = first["input_ids"], first["labels"]
     batch = dict(tokenizer.pad({"input_ids": ids}, return_tensors="pt"))
     alone = [dict(tokenizer.pad({"input_ids": [one]}, return_tensors="pt")) for one in ids]
     dtype = torch.long if task == "single_label_classification" else torch.float32
-    result = run_one(model, batch, alone, torch.tensor(labels[:count], dtype=dtype))
+    result = run_one(model, batch, alone, torch.tensor(labels, dtype=dtype))
     model.train()
     tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, result["logit scale"])
     problems = []
@@ -135,42 +154,44 @@ def preflight(model, tokenizer, texts, pairs, labels, task, folder) -> None:
         raise SystemExit(
             f"stable-models: the pre-flight check failed: {problems[0]}. `python -m stable_models doctor --model "
             f"{folder}` gives the full report."
+            if job.is_main
+            else 1
         )
-    print(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
+    job.say(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
 
 
 @dataclass
 class LabelledData:
-    """The training and eval rows of `train`, checked, with labels encoded against one label map."""
+    """The training and eval tables of `train` (datasets, memory-mapped), checked, with one label map."""
 
-    texts: list
-    pairs: list | None
-    labels: list
-    eval_texts: list
-    eval_pairs: list | None
-    eval_labels: list
+    train: object
+    eval: object
     task: str
     names: list
 
+    @property
+    def label2id(self) -> dict:
+        return {name: i for i, name in enumerate(self.names)}
+
 
 def read_training_data(args) -> LabelledData:
-    """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two classes."""
-    texts, pairs, raw_labels, task = labelled(read_rows(args.train), args, args.train)
+    """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two classes,
+    every eval label known."""
+    table = read_table(args.train)
+    task = labelled(table, args, args.train)
     if args.eval:
-        eval_texts, eval_pairs, eval_raw, eval_task = labelled(read_rows(args.eval), args, args.eval)
+        eval_table = read_table(args.eval)
+        eval_task = labelled(eval_table, args, args.eval)
         if eval_task != task:
             raise CliError(f"the eval labels are {eval_task}, the training labels {task}; make them one kind")
     else:
-        (texts, pairs, raw_labels), (eval_texts, eval_pairs, eval_raw) = split_eval(
-            [texts, pairs, raw_labels], args.eval_fraction, args.seed
-        )
-    names = label_names(raw_labels, task) if task != "regression" else ["score"]
-    label2id = {name: i for i, name in enumerate(names)}
-    labels = encode_labels(raw_labels, task, label2id, args.train)
-    eval_labels = encode_labels(eval_raw, task, label2id, args.eval or "the held-out rows")
+        table, eval_table = split_eval(table, args.eval_fraction, args.seed)
+    names = label_names(table, args.label_key, task) if task != "regression" else ["score"]
     if task == "single_label_classification" and len(names) < 2:
         raise CliError(f"{args.train}: only one label ({names[0]!r}); a classifier needs at least two")
-    return LabelledData(texts, pairs, labels, eval_texts, eval_pairs, eval_labels, task, names)
+    label2id = {name: i for i, name in enumerate(names)}
+    check_known_labels(eval_table, args.label_key, task, label2id, args.eval or "the held-out rows")
+    return LabelledData(table, eval_table, task, names)
 
 
 def loading_options(args, data: LabelledData) -> dict:
@@ -179,7 +200,7 @@ def loading_options(args, data: LabelledData) -> dict:
     if args.class_weights:
         if data.task != "single_label_classification":
             raise CliError("--class-weights applies to single-label classification")
-        options["class_weights"] = class_weights(args.class_weights, data.labels, data.names)
+        options["class_weights"] = class_weights(args.class_weights, data, args.label_key)
     if args.label_smoothing:
         options["label_smoothing"] = args.label_smoothing
     if args.pos_weight:
@@ -237,15 +258,13 @@ def keep_4bit_weights_trainable(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def tokenized_sets(args, tokenizer, model, data: LabelledData) -> tuple[list, list]:
-    """(train, eval) examples of token ids and labels, truncated to --max-length and the model's positions; the
-    tokenizer remembers the longest, so evaluate and predict truncate where training did."""
+def tokenized_sets(args, tokenizer, model, data: LabelledData) -> tuple:
+    """(train, eval) tables of token ids, lengths and labels, truncated to --max-length and the model's positions
+    (a cached `map`); the tokenizer remembers the longest, so evaluate and predict truncate where training did."""
     limit = min(args.max_length or 10**9, getattr(model.config.get_text_config(), "max_position_embeddings", 10**9))
-    ids = tokenize(tokenizer, data.texts, data.pairs, limit)
-    eval_ids = tokenize(tokenizer, data.eval_texts, data.eval_pairs, limit)
-    tokenizer.model_max_length = max(len(i) for i in ids + eval_ids)
-    train_set = [{"input_ids": i, "labels": y} for i, y in zip(ids, data.labels, strict=True)]
-    eval_set = [{"input_ids": i, "labels": y} for i, y in zip(eval_ids, data.eval_labels, strict=True)]
+    train_set = encoded(data.train, tokenizer, args, data.task, data.label2id, limit)
+    eval_set = encoded(data.eval, tokenizer, args, data.task, data.label2id, limit)
+    tokenizer.model_max_length = max(column_max(train_set, "length"), column_max(eval_set, "length"))
     return train_set, eval_set
 
 
@@ -273,26 +292,59 @@ def with_adapters(model, args):
         raise CliError(f"--lora-target {args.lora_target}: {str(error).splitlines()[0]}") from None
 
 
-def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set, dtype: str, checkpoints: Path):
-    """StableTrainer with packing (padding for recurrent models or --no-packing), evaluation and checkpoints five
-    times per run, the best checkpoint restored at the end, StopOnNonFinite and early stopping."""
-    from transformers import DataCollatorWithPadding, EarlyStoppingCallback, TrainingArguments
+DEEPSPEED_STAGES = {"zero2": 2, "zero3": 3}
 
-    import stable_models
 
-    from .modeling_rules import recurrent_layer_kinds
-    from .trainer import StableTrainer
-    from .training import StopOnNonFinite
+def deepspeed_config(value: str | None) -> dict | str | None:
+    """--deepspeed: a built-in ZeRO-2 / ZeRO-3 config ("auto" values filled in by transformers from the command's
+    own options), or the user's JSON file as it is."""
+    if value is None:
+        return None
+    if value not in DEEPSPEED_STAGES:
+        if not Path(value).is_file():
+            raise CliError(f"--deepspeed {value}: neither zero2, zero3 nor a DeepSpeed JSON config file")
+        return value
+    if importlib.util.find_spec("deepspeed") is None:
+        raise CliError(f"--deepspeed {value} needs DeepSpeed: pip install deepspeed")
+    zero = {"stage": DEEPSPEED_STAGES[value], "overlap_comm": False}
+    if value == "zero3":
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # a saved model is whole, not 0-element tensors
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,  # transformers' AdamW, which also runs on CPU
+        "zero_force_ds_cpu_optimizer": False,
+    }
 
-    collator = (
-        DataCollatorWithPadding(tokenizer)
-        if recurrent_layer_kinds(model.config) or args.no_packing
-        else stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
-    )
-    steps_per_epoch = math.ceil(len(train_set) / (args.batch_size * args.grad_accum))
+
+def fsdp_options(enabled: bool) -> dict:
+    """--fsdp: FSDP full sharding of the decoder layers; transformers' Trainer runs FSDP on GPUs only."""
+    if not enabled:
+        return {}
+    if not torch.cuda.is_available():
+        raise CliError("--fsdp needs GPUs (transformers' Trainer runs FSDP on CUDA only); on CPU use --deepspeed zero3")
+    return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"use_orig_params": True}}
+
+
+def training_arguments(args, data: LabelledData, dtype: str, checkpoints: Path):
+    """TrainingArguments of a run: evaluation and checkpoints five times per run, the best restored at the end,
+    and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
+    is built."""
+    from transformers import TrainingArguments
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
     total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
     eval_steps = args.eval_steps or max(1, total_steps // 5)
-    training = TrainingArguments(
+    if args.deepspeed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import deepspeed
+
+        deepspeed.init_distributed()  # DeepSpeed's view of the process group the Job opened (else: world size 1)
+    return TrainingArguments(
         output_dir=str(checkpoints),
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=2 * args.batch_size,
@@ -322,6 +374,36 @@ def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set
         remove_unused_columns=False,
         label_names=["labels"],
         disable_tqdm=False,
+        deepspeed=deepspeed_config(args.deepspeed),
+        **fsdp_options(args.fsdp),
+    )
+
+
+class ModelInputs:
+    """A collator that passes on only what the model takes (the `length` column is for the sampler)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features):
+        return self.collator([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features])
+
+
+def make_trainer(training, model, tokenizer, data: LabelledData, train_set, eval_set, args):
+    """StableTrainer with packing (padding for recurrent models or --no-packing), StopOnNonFinite and early
+    stopping."""
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback
+
+    import stable_models
+
+    from .modeling_rules import recurrent_layer_kinds
+    from .trainer import StableTrainer
+    from .training import StopOnNonFinite
+
+    collator = (
+        DataCollatorWithPadding(tokenizer)
+        if recurrent_layer_kinds(model.config) or args.no_packing
+        else stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
     )
     callbacks = [StopOnNonFinite()]
     if args.early_stopping:
@@ -331,12 +413,22 @@ def make_trainer(args, model, tokenizer, data: LabelledData, train_set, eval_set
         report = metrics(torch.as_tensor(prediction.predictions), prediction.label_ids, data.task, data.names)
         return {k: v for k, v in report.items() if isinstance(v, float)}
 
-    return StableTrainer(
+    class LengthGroupedTrainer(StableTrainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            """Batches of similar length (less padding, fuller packed rows), grouped per optimizer step over all
+            processes: N processes with batch B see the steps one process with batch N x B sees."""
+            from transformers.trainer_pt_utils import LengthGroupedSampler
+
+            step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+            lengths = self.train_dataset.with_format("arrow")["length"].to_pylist()
+            return LengthGroupedSampler(step * self.args.world_size, lengths=lengths)
+
+    return LengthGroupedTrainer(
         model=model,
         args=training,
         train_dataset=train_set,
         eval_dataset=eval_set,
-        data_collator=collator,
+        data_collator=ModelInputs(collator),
         compute_metrics=compute_metrics,
         callbacks=callbacks,
     )
@@ -369,48 +461,72 @@ def write_training_outputs(model, tokenizer, output: Path, history: list, final:
     return summary
 
 
+def zero3_gathered(model, training):
+    """Under ZeRO-3 every rank holds a slice of each parameter: gather them (all ranks take part) so rank 0 can merge
+    and save a whole model. Elsewhere: nothing to do."""
+    if not (training.deepspeed and training.hf_deepspeed_config.is_zero3()):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+
+
 def train(args) -> int:
     import transformers
 
     from .tokenization import setup_pad_token
 
+    job = Job()
     output = Path(args.output)
-    check_output_dir(output, args.overwrite, args.resume)
+    job.on_main(lambda: check_output_dir(output, args.overwrite, args.resume))
     if args.full and args.qlora:
         raise CliError("--full and --qlora exclude each other")
     check_model_path(args.model, args.gguf_file)
-    data = read_training_data(args)
+    data = job.main_first(lambda: read_training_data(args))  # the first reader fills datasets' Arrow cache
     transformers.set_seed(args.seed)
     dtype = fast_dtype() if args.dtype == "auto" else args.dtype
     load = loading_options(args, data)
     tokenizer = load_tokenizer(args.model, args.gguf_file)
-    kind = data.task.replace("_", " ")
-    print(f"[train] loading {args.model} as a {kind} model with {len(data.names)} output(s)", file=sys.stderr)
-    model = load_base_model(args, load, dtype)
-    setup_pad_token(tokenizer, model)
-    train_set, eval_set = tokenized_sets(args, tokenizer, model, data)
-    print(
-        f"[train] {len(train_set)} train / {len(eval_set)} eval examples, max length {tokenizer.model_max_length}, "
-        f"{dtype}",
-        file=sys.stderr,
-    )
-    preflight(model, tokenizer, data.texts, data.pairs, data.labels, data.task, args.model)
-    model = with_adapters(model, args)
     checkpoints = output / "checkpoints"
-    trainer = make_trainer(args, model, tokenizer, data, train_set, eval_set, dtype, checkpoints)
-    resume = args.resume and any(checkpoints.glob("checkpoint-*"))
-    if args.resume and not resume:
-        print(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
-    trainer.train(resume_from_checkpoint=True if resume else None)
-    history = list(trainer.state.log_history)
-    final = trainer.evaluate()  # the best checkpoint's, which load_best_model_at_end restored
-    model = merged_model(trainer.model, args, load, tokenizer, checkpoints)
-    summary = write_training_outputs(model, tokenizer, output, history, final)
+    training = training_arguments(args, data, dtype, checkpoints)  # before the model: ZeRO-3 partitions at build
+    with output_lock(output, job):
+        kind = data.task.replace("_", " ")
+        job.say(f"[train] loading {args.model} as a {kind} model with {len(data.names)} output(s)", file=sys.stderr)
+        model = load_base_model(args, load, dtype)
+        setup_pad_token(tokenizer, model)
+        train_set, eval_set = job.main_first(lambda: tokenized_sets(args, tokenizer, model, data))
+        job.say(
+            f"[train] {len(train_set)} train / {len(eval_set)} eval examples, max length "
+            f"{tokenizer.model_max_length}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
+            file=sys.stderr,
+        )
+        if training.deepspeed and training.hf_deepspeed_config.is_zero3():
+            job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
+        else:
+            preflight(model, tokenizer, train_set, data.task, args.model, job)
+        model = with_adapters(model, args)
+        trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
+        resume = args.resume and any(checkpoints.glob("checkpoint-*"))
+        if args.resume and not resume:
+            job.say(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        history = list(trainer.state.log_history)
+        final = trainer.evaluate()  # the best checkpoint's, which load_best_model_at_end restored
+        with zero3_gathered(trainer.model, training):
+            summary = job.on_main(
+                lambda: write_training_outputs(
+                    merged_model(trainer.model, args, load, tokenizer, checkpoints), tokenizer, output, history, final
+                )
+            )
     shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in ("accuracy", "f1_macro", "mse", "loss", "ece"))
-    print(f"[train] done: {shown}")
-    print(f"[train] model: {output} (AutoModelForSequenceClassification.from_pretrained(dir, trust_remote_code=True))")
-    print(f"[train] next: stable-models evaluate --model {output} --data <test file> --calibrate")
-    print(f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling")
+    job.say(f"[train] done: {shown}")
+    job.say(
+        f"[train] model: {output} (stable_models.from_pretrained(dir), or AutoModelForSequenceClassification "
+        "with trust_remote_code=True)"
+    )
+    job.say(f"[train] next: stable-models evaluate --model {output} --data <test file> --calibrate")
+    job.say(f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling")
+    job.leave()
     return 0
 
 
@@ -424,29 +540,64 @@ def parse_weights(text: str, flag: str, count: int) -> list[float]:
     return weights
 
 
-def class_weights(value: str, labels, names) -> list[float]:
-    """`balanced` (n / (classes x count), as scikit-learn) or one weight per label."""
+def class_weights(value: str, data: LabelledData, key: str) -> list[float]:
+    """`balanced` (n / (classes x count) over the training rows, as scikit-learn) or one weight per label."""
+    names = data.names
     if value != "balanced":
         return parse_weights(value, "--class-weights", len(names))
-    counts = [labels.count(i) for i in range(len(names))]
-    return [len(labels) / (len(names) * c) if c else 0.0 for c in counts]
+    counts = label_counts(data.train, key, names)
+    return [len(data.train) / (len(names) * c) if c else 0.0 for c in counts]
+
+
+def sharded_logits(job: Job, model, tokenizer, table, args) -> torch.Tensor | None:
+    """Logits of every row in row order: each rank scores its contiguous shard, rank 0 gets them all (None on the
+    other ranks)."""
+    parts = [
+        logits
+        for _, logits in stream_logits(
+            model,
+            tokenizer,
+            table,
+            args.text_key,
+            args.text_pair_key,
+            job.shard(len(table)),
+            args.batch_size,
+            progress=job.is_main,
+        )
+    ]
+    gathered = job.gather(torch.cat(parts) if parts else None)
+    return None if gathered is None else torch.cat([p for p in gathered if p is not None])
 
 
 def evaluate(args) -> int:
-    model, tokenizer = load_classifier(args.model)
+    job = Job()
+    model, tokenizer = load_classifier(args.model, job.device)
     task = model.config.problem_type or "single_label_classification"
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    texts, pairs, raw, found = labelled(read_rows(args.data), args, args.data)
-    if found != task:
-        raise CliError(f"{args.data}: labels are {found}, the model is {task}")
-    targets = encode_labels(raw, task, {n: i for i, n in enumerate(names)}, args.data)
+    if args.calibrate and task == "regression":
+        raise CliError("--calibrate applies to classification; this model is a regression")
+    table = job.main_first(lambda: read_table(args.data))
+
+    def check():
+        found = labelled(table, args, args.data)
+        if found != task:
+            raise CliError(f"{args.data}: labels are {found}, the model is {task}")
+        check_known_labels(table, args.label_key, task, {n: i for i, n in enumerate(names)}, args.data)
+
+    job.on_main(check)
+    logits = sharded_logits(job, model, tokenizer, table, args)
+    job.on_main(lambda: write_evaluation(args, model, table, logits, task, names))
+    job.leave()
+    return 0
+
+
+def write_evaluation(args, model, table, logits, task, names) -> None:
+    """Rank 0's part of evaluate: the metrics, the calibration folded into the model, the report and its plots."""
+    targets = encode_labels(table[args.label_key], task, {n: i for i, n in enumerate(names)}, args.data)
     report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
-    logits = forward_in_length_order(model, tokenizer, texts, pairs, args.batch_size)
     thresholds = getattr(model.config, "multi_label_thresholds", None)
     report = {"task": task, "labels": names, **metrics(logits, targets, task, names, thresholds)}
     if args.calibrate:
-        if task == "regression":
-            raise CliError("--calibrate applies to classification; this model is a regression")
         calibrated, logits = calibrate_logits(model, logits, targets, task)
         thresholds = getattr(model.config, "multi_label_thresholds", None)
         report.update(metrics(logits, targets, task, names, thresholds))
@@ -465,7 +616,6 @@ def evaluate(args) -> int:
             f"{c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
         )
     print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
-    return 0
 
 
 def render(report) -> str:
@@ -486,20 +636,8 @@ def render(report) -> str:
     return "\n".join(lines)
 
 
-def predict(args) -> int:
-    output = Path(args.output)
-    if output.suffix not in (".jsonl", ".csv"):
-        raise CliError(f"--output {output}: use a .jsonl or .csv file")
-    if output.exists() and not args.overwrite:
-        raise CliError(f"--output {output} exists; pass --overwrite or another file")
-    model, tokenizer = load_classifier(args.model)
-    task = model.config.problem_type or "single_label_classification"
-    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    rows = read_rows(args.data)
-    texts, pairs = texts_of(rows, args, args.data)
-    logits = forward_in_length_order(model, tokenizer, texts, pairs, args.batch_size)
-    probs = probabilities(logits, task)
-    thresholds = getattr(model.config, "multi_label_thresholds", None) or [0.5] * len(names)
+def result_rows(texts, probs, task, names, thresholds) -> list[dict]:
+    """predict's output rows: the label and its probability, every label over its threshold, or the score."""
     results = []
     for text, row in zip(texts, probs.tolist(), strict=True):
         if task == "regression":
@@ -517,20 +655,88 @@ def predict(args) -> int:
         else:
             chosen = [n for n, p, cut in zip(names, row, thresholds, strict=True) if p >= cut]
             results.append({"text": text, "labels": chosen, "probabilities": dict(zip(names, row, strict=True))})
-    output.parent.mkdir(parents=True, exist_ok=True)
-    if output.suffix == ".jsonl":
-        output.write_text("".join(json.dumps(r) + "\n" for r in results))
-    else:
-        import pandas
+    return results
 
-        flat = [
-            {
-                **{k: (";".join(v) if isinstance(v, list) else v) for k, v in r.items() if k != "probabilities"},
-                **{f"p_{n}": p for n, p in r.get("probabilities", {}).items()},
-            }
-            for r in results
-        ]
-        pandas.DataFrame(flat).to_csv(output, index=False)
-    print(f"predict: {len(results)} rows -> {output}")
+
+class ResultWriter:
+    """predict's rows into a .jsonl or .csv file, as they come (CSV: list columns joined by ';', one p_<label>
+    column per label)."""
+
+    def __init__(self, path: Path, kind: str, task: str, names: list, header: bool):
+        import csv
+
+        self.handle = open(path, "w", newline="")
+        self.csv = None
+        if kind == ".csv":
+            columns = {"regression": ["text", "score"], "multi_label_classification": ["text", "labels"]}.get(
+                task, ["text", "label", "score"]
+            )
+            columns += [f"p_{n}" for n in names] if task != "regression" else []
+            self.csv = csv.DictWriter(self.handle, fieldnames=columns)
+            if header:
+                self.csv.writeheader()
+
+    def write(self, rows: list[dict]) -> None:
+        for r in rows:
+            if self.csv is None:
+                self.handle.write(json.dumps(r) + "\n")
+            else:
+                flat = {k: (";".join(v) if isinstance(v, list) else v) for k, v in r.items() if k != "probabilities"}
+                self.csv.writerow({**flat, **{f"p_{n}": p for n, p in r.get("probabilities", {}).items()}})
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def predict(args) -> int:
+    """Scores the rows as they stream, each rank its contiguous shard into a part file; rank 0 joins the parts in rank
+    order and moves the result onto --output only when it is complete (an --overwrite never leaves half a file)."""
+    job = Job()
+    output = Path(args.output)
+
+    def check_output():
+        if output.suffix not in (".jsonl", ".csv"):
+            raise CliError(f"--output {output}: use a .jsonl or .csv file")
+        if output.exists() and not args.overwrite:
+            raise CliError(f"--output {output} exists; pass --overwrite or another file")
+
+    job.on_main(check_output)
+    model, tokenizer = load_classifier(args.model, job.device)
+    task = model.config.problem_type or "single_label_classification"
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    thresholds = getattr(model.config, "multi_label_thresholds", None) or [0.5] * len(names)
+    table = job.main_first(lambda: read_table(args.data))
+    job.on_main(lambda: check_texts(table, args, args.data))
+    if job.is_main:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    job.barrier()
+    part = output.with_name(f"{output.name}.rank{job.rank}.part")
+    writer = ResultWriter(part, output.suffix, task, names, header=job.is_main)
+    try:
+        stream = stream_logits(
+            model,
+            tokenizer,
+            table,
+            args.text_key,
+            args.text_pair_key,
+            job.shard(len(table)),
+            args.batch_size,
+            progress=job.is_main,
+        )
+        for texts, logits in stream:
+            writer.write(result_rows(texts, probabilities(logits, task), task, names, thresholds))
+    finally:
+        writer.close()
+    job.barrier()
+    if job.is_main:
+        joined = output.with_name(f"{output.name}.part")
+        with open(joined, "wb") as whole:
+            for rank in range(job.world):
+                piece = output.with_name(f"{output.name}.rank{rank}.part")
+                with open(piece, "rb") as handle:
+                    shutil.copyfileobj(handle, whole)
+                piece.unlink()
+        os.replace(joined, output)
+    job.say(f"predict: {len(table)} rows -> {output}")
+    job.leave()
     return 0
-

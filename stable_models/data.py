@@ -1,132 +1,169 @@
-"""Reading and checking labelled data for the commands: every input format into rows, texts present, one label
-kind that decides the task, labels encoded against the model's label map, a seeded held-out split, tokenization.
+"""Reading and checking labelled data for the commands, at any size: every input format goes into a `datasets` Arrow
+table (cached on disk, memory-mapped), the checks run over Arrow batches, tokenization is a cached `map` with workers,
+and scoring streams the rows in order. Memory stays flat in the number of rows.
 
 Each problem is a `CliError` naming the file, the column and the first bad row, raised before anything is written.
 """
 
-import importlib
-import json
-import math
 import numbers
-import random
+import os
 from pathlib import Path
 
 TASKS = ("single_label_classification", "multi_label_classification", "regression")
-
-
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+CHECK_BATCH = 65_536  # rows per Arrow batch in the checks: vectorized, and flat in memory
+MAP_BATCH = 1_000  # rows per tokenizer call in `map`
+ROWS_PER_WORKER = 50_000  # below this a worker process costs more than it saves
 
 
 class CliError(Exception):
     """Bad input: printed as one line, exit code 2, nothing written."""
 
 
-def read_rows(path) -> list[dict]:
-    """Rows of a CSV / TSV / JSON lines / JSON / Parquet file (optionally .gz / .bz2) or a datasets.save_to_disk
-    folder, as dicts of Python values (JSON keeps its types; a missing CSV cell is NaN)."""
+def read_table(path):
+    """A CSV / TSV / JSON lines / JSON / Parquet file (optionally .gz / .bz2 / .xz / .zst) or a datasets.save_to_disk
+    folder as a `datasets.Dataset`: converted to Arrow once, cached by datasets, memory-mapped after that."""
+    import datasets
+
     source = Path(path)
     if source.is_dir():
         if not any((source / name).exists() for name in ("state.json", "dataset_dict.json")):
             raise CliError(f"{path}: a folder, but not one written by datasets' save_to_disk")
-        import datasets
-
-        loaded = datasets.load_from_disk(str(source))
-        if isinstance(loaded, datasets.DatasetDict):
-            if len(loaded) != 1:
-                raise CliError(f"{path}: holds splits {list(loaded)}; point at one split's folder")
-            loaded = next(iter(loaded.values()))
-        rows = loaded.to_list()
+        table = datasets.load_from_disk(str(source))
+        if isinstance(table, datasets.DatasetDict):
+            if len(table) != 1:
+                raise CliError(f"{path}: holds splits {list(table)}; point at one split's folder")
+            table = next(iter(table.values()))
     else:
         if not source.is_file():
             raise CliError(f"{path}: no such file")
         if source.stat().st_size == 0:
             raise CliError(f"{path} is empty")
-        suffixes = [s for s in source.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
+        suffixes = [s for s in source.suffixes if s not in COMPRESSIONS]
         kind = suffixes[-1] if suffixes else ""
         if kind not in FORMATS:
             raise CliError(f"{path}: unknown format {kind or '(no suffix)'!r}; use one of {', '.join(FORMATS)}")
-        import pandas
-
+        builder, options = {".csv": ("csv", {}), ".tsv": ("csv", {"sep": "\t"}), ".parquet": ("parquet", {})}.get(
+            kind, ("json", {})
+        )
+        progress = datasets.utils.logging.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # one line per file read is noise in a command's output
         try:
-            if kind in (".csv", ".tsv"):
-                rows = pandas.read_csv(source, sep="\t" if kind == ".tsv" else ",").to_dict("records")
-            elif kind == ".parquet":
-                rows = pandas.read_parquet(source).to_dict("records")
-            else:
-                rows = read_json_rows(source, kind)
-        except (ValueError, UnicodeDecodeError, pandas.errors.ParserError) as error:
-            if "No columns to parse" in str(error):
+            table = datasets.load_dataset(builder, data_files=str(source.resolve()), split="train", **options)
+        except Exception as error:  # datasets wraps the reader's error (pandas, pyarrow, json) in its own
+            cause = error.__cause__ or error
+            message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+            if "No columns to parse" in message or "Empty" in message:
                 raise CliError(f"{path} is empty") from None
-            raise CliError(f"{path}: cannot be read as {kind[1:]}: {str(error).splitlines()[0]}") from None
-    rows = [{k: plain(v) for k, v in row.items()} for row in rows]
-    if not rows:
+            raise CliError(f"{path}: cannot be read as {kind[1:]}: {message}") from None
+        finally:
+            if progress:
+                datasets.enable_progress_bars()
+        if kind == ".json":
+            table = columns_layout(table)
+    if len(table) == 0:
         raise CliError(f"{path} is empty (no rows)")
-    return rows
+    return table
 
 
-def read_json_rows(source: Path, kind: str) -> list[dict]:
-    import pandas
+def columns_layout(table):
+    """A JSON file holding one object of equal-length columns ({"text": [...], "label": [...]}, pandas' `columns`
+    layout) as rows; datasets reads it as a single row of lists."""
+    import datasets
 
-    opener = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}.get(source.suffix)
-    handle = importlib.import_module(opener).open(source, "rt") if opener else open(source)
-    with handle:
-        text = handle.read()
-    if not text.strip():
-        raise CliError(f"{source} is empty")
-    if kind == ".json" and text.lstrip()[0] in "[{":
-        try:
-            data = json.loads(text)
-            return data if isinstance(data, list) else pandas.DataFrame(data).to_dict("records")
-        except json.JSONDecodeError:
-            pass  # JSON lines in a .json file
-    try:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as error:
-        raise ValueError(f"line {error.doc[: error.pos].count(chr(10)) + 1}: {error.msg}") from None
+    if len(table) != 1 or not all(isinstance(f, (datasets.List, datasets.Sequence)) for f in table.features.values()):
+        return table
+    row = table[0]
+    if len({len(v) for v in row.values()}) != 1:
+        return table
+    return datasets.Dataset.from_dict(row)
 
 
-def plain(value):
-    """numpy scalars and arrays (pandas, datasets) as Python values."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return value
+def arrow_batches(table, columns):
+    """The table's `columns` as pyarrow tables of CHECK_BATCH rows, in row order (indices mappings honoured)."""
+    yield from table.select_columns(columns).with_format("arrow").iter(batch_size=CHECK_BATCH)
 
 
-def is_missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def first_true(masks) -> tuple[int, int | None]:
+    """(how many rows are True, the first one's index) over a sequence of boolean arrays, one per batch."""
+    import numpy
+
+    count, first, offset = 0, None, 0
+    for mask in masks:
+        flags = numpy.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
+        hits = numpy.flatnonzero(flags)
+        if len(hits) and first is None:
+            first = offset + int(hits[0])
+        count += len(hits)
+        offset += len(flags)
+    return count, first
 
 
-def column(rows, key, path, flag):
-    if key not in rows[0] and not any(key in row for row in rows):
-        raise CliError(f"{path}: no column {key!r} (columns: {', '.join(map(str, rows[0]))}); pass {flag}")
-    return [row.get(key) for row in rows]
+def require_column(table, key, path, flag) -> None:
+    if key not in table.column_names:
+        raise CliError(f"{path}: no column {key!r} (columns: {', '.join(table.column_names)}); pass {flag}")
 
 
-def texts_of(rows, args, path):
-    """(texts, pairs or None) with every text present."""
-    texts = column(rows, args.text_key, path, "--text-key")
-    pairs = column(rows, args.text_pair_key, path, "--text-pair-key") if args.text_pair_key else None
-    for name, values in (("text", texts), ("text pair", pairs)):
-        if values is None:
-            continue
-        bad = [i for i, v in enumerate(values) if is_missing(v) or not str(v).strip()]
-        if bad:
-            side = f" ({args.text_pair_key!r} missing where {args.text_key!r} is given)" if name == "text pair" else ""
+def check_texts(table, args, path) -> None:
+    """Every text (and text pair) present and not blank; one vectorized pass per column."""
+    import pyarrow
+    import pyarrow.compute as pc
+
+    def blank(batch, key):
+        values = batch.column(key)
+        missing = pc.is_null(values, nan_is_null=True)
+        if pyarrow.types.is_string(values.type) or pyarrow.types.is_large_string(values.type):
+            missing = pc.or_(missing, pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), True))
+        return missing
+
+    require_column(table, args.text_key, path, "--text-key")
+    columns = [(args.text_key, "text")]
+    if args.text_pair_key:
+        require_column(table, args.text_pair_key, path, "--text-pair-key")
+        columns.append((args.text_pair_key, "text pair"))
+    for key, name in columns:
+        count, first = first_true(blank(batch, key) for batch in arrow_batches(table, [key]))
+        if count:
+            side = f" ({key!r} missing where {args.text_key!r} is given)" if name == "text pair" else ""
             raise CliError(
-                f"{path}: {name} missing or empty in {len(bad)} row(s){side}, first at row {bad[0] + 1}; "
+                f"{path}: {name} missing or empty in {count} row(s){side}, first at row {first + 1}; "
                 "fill or drop those rows"
             )
-    return [str(t) for t in texts], None if pairs is None else [str(p) for p in pairs]
 
 
-def label_task(labels, key, path) -> str:
-    """Strings or integers: single-label; lists: multi-label; floats: regression. Refuses NaN and mixed kinds."""
-    missing = [i for i, v in enumerate(labels) if is_missing(v)]
-    if missing:
+def label_task(table, key, path) -> str:
+    """From the label column's Arrow type: strings or integers mean single-label, lists multi-label, floats
+    regression. Refuses missing / NaN labels and a column that mixes kinds."""
+    import pyarrow
+    import pyarrow.compute as pc
+
+    require_column(table, key, path, "--label-key")
+    count, first = first_true(pc.is_null(batch.column(key), nan_is_null=True) for batch in arrow_batches(table, [key]))
+    if count:
         raise CliError(
-            f"{path}: label {key!r} is missing or NaN in {len(missing)} row(s), first at row {missing[0] + 1}; "
+            f"{path}: label {key!r} is missing or NaN in {count} row(s), first at row {first + 1}; "
             "fill or drop those rows"
         )
+    arrow_type = table.data.schema.field(key).type
+    if pyarrow.types.is_list(arrow_type) or pyarrow.types.is_large_list(arrow_type):
+        return "multi_label_classification"
+    if pyarrow.types.is_floating(arrow_type):
+        return "regression"
+    if any(
+        test(arrow_type)
+        for test in (
+            pyarrow.types.is_string,
+            pyarrow.types.is_large_string,
+            pyarrow.types.is_integer,
+            pyarrow.types.is_boolean,
+        )
+    ):
+        return "single_label_classification"
+    return python_label_task(table[key], key, path)  # e.g. datasets' Json feature: a JSON column of mixed kinds
+
+
+def python_label_task(labels, key, path) -> str:
     kinds = set()
     for value in labels:
         if isinstance(value, (list, tuple)):
@@ -142,29 +179,47 @@ def label_task(labels, key, path) -> str:
     if len(kinds) != 1:
         raise CliError(f"{path}: label {key!r} mixes kinds: {', '.join(sorted(kinds))}; make them one kind")
     kind = kinds.pop()
-    if kind.startswith("lists"):
-        return "multi_label_classification"
-    if kind.startswith("floats"):
-        return "regression"
-    if "single-label" in kind:
-        return "single_label_classification"
     raise CliError(f"{path}: label {key!r} holds {kind} values; use strings, integers, lists of them, or floats")
 
 
-def labelled(rows, args, path):
-    """(texts, pairs or None, labels, task) of a labelled file, checked once: every text there, one label kind."""
-    texts, pairs = texts_of(rows, args, path)
-    labels = column(rows, args.label_key, path, "--label-key")
-    return texts, pairs, labels, label_task(labels, args.label_key, path)
+def labelled(table, args, path) -> str:
+    """The task of a labelled table, checked once: every text there, one label kind, no missing label."""
+    check_texts(table, args, path)
+    return label_task(table, args.label_key, path)
 
 
-def label_names(labels, task) -> list[str]:
+def label_values(table, key, task) -> set:
+    """The distinct label values (the elements of the lists, for multi-label), one Arrow pass."""
+    import pyarrow.compute as pc
+
+    values = set()
+    for batch in arrow_batches(table, [key]):
+        column = batch.column(key)
+        if task == "multi_label_classification":
+            column = pc.list_flatten(column)
+        values |= set(pc.unique(column).to_pylist())
+    return values
+
+
+def label_names(table, key, task) -> list[str]:
     """The label map, sorted (numerically for integers): id i is names[i]."""
-    values = {v for label in labels for v in (label if task == "multi_label_classification" else [label])}
+    values = label_values(table, key, task)
     return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
 
 
+def check_known_labels(table, key, task, label2id, path) -> None:
+    if task == "regression":
+        return
+    unseen = sorted({str(v) for v in label_values(table, key, task)} - set(label2id))
+    if unseen:
+        raise CliError(
+            f"{path}: labels {unseen[:5]} are not among the model's labels {list(label2id)[:10]} "
+            "(every label must occur in the training data)"
+        )
+
+
 def encode_labels(labels, task, label2id, path):
+    """Python labels (a list) as the model's targets: ids, multi-hot rows, or floats."""
     if task == "regression":
         return [float(v) for v in labels]
     unseen = sorted(
@@ -180,21 +235,21 @@ def encode_labels(labels, task, label2id, path):
     return [[1.0 if name in {str(v) for v in label} else 0.0 for name in label2id] for label in labels]
 
 
-def split_eval(columns, fraction, seed):
-    """(train columns, eval columns): a seeded random `fraction` of the rows held out, each column split alike."""
+def split_eval(table, fraction, seed):
+    """(train, eval): a seeded random `fraction` of the rows held out."""
     if not 0 < fraction < 1:
         raise CliError(f"--eval-fraction {fraction} must be between 0 and 1")
-    rows = len(columns[0])
-    order = list(range(rows))
-    random.Random(seed).shuffle(order)
+    rows = len(table)
     count = max(1, round(rows * fraction))
     if count >= rows:
         raise CliError(f"--train has {rows} row(s): too few to hold out an eval set; pass --eval FILE")
+    split = table.train_test_split(test_size=count, seed=seed, shuffle=True)
+    return split["train"], split["test"]
 
-    def pick(indices):
-        return [None if values is None else [values[i] for i in indices] for values in columns]
 
-    return pick(order[count:]), pick(order[:count])
+def texts_of(batch: dict, text_key, pair_key):
+    texts = [str(t) for t in batch[text_key]]
+    return texts, None if not pair_key else [str(p) for p in batch[pair_key]]
 
 
 def tokenize(tokenizer, texts, pairs, max_length=None):
@@ -202,3 +257,59 @@ def tokenize(tokenizer, texts, pairs, max_length=None):
     encoded = tokenizer(texts, pairs, **kwargs) if pairs is not None else tokenizer(texts, **kwargs)
     return encoded["input_ids"]
 
+
+def encode_batch(batch, tokenizer, text_key, pair_key, label_key, task, label2id, max_length):
+    """One `map` batch: token ids, their count (for length-grouped batches) and the encoded labels."""
+    texts, pairs = texts_of(batch, text_key, pair_key)
+    ids = tokenize(tokenizer, texts, pairs, max_length)
+    return {
+        "input_ids": ids,
+        "length": [len(i) for i in ids],
+        "labels": encode_labels(batch[label_key], task, label2id, "map"),
+    }
+
+
+def workers(rows: int) -> int | None:
+    """Tokenizer worker processes for `map`: one per core (at most 8) for large tables, none for small ones."""
+    if rows < 2 * ROWS_PER_WORKER:
+        return None
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def encoded(table, tokenizer, args, task, label2id, max_length):
+    """The table as `input_ids`, `length` and `labels` columns: a batched `map` with workers, cached by datasets
+    (a second process of the same job, or a second run on the same file and tokenizer, reads the cache)."""
+    return table.map(
+        encode_batch,
+        batched=True,
+        batch_size=MAP_BATCH,
+        num_proc=workers(len(table)),
+        remove_columns=table.column_names,
+        fn_kwargs=dict(
+            tokenizer=tokenizer,
+            text_key=args.text_key,
+            pair_key=args.text_pair_key,
+            label_key=args.label_key,
+            task=task,
+            label2id=label2id,
+            max_length=max_length,
+        ),
+        desc="tokenizing",
+    )
+
+
+def column_max(table, key) -> int:
+    import pyarrow.compute as pc
+
+    return max((pc.max(batch.column(key)).as_py() or 0 for batch in arrow_batches(table, [key])), default=0)
+
+
+def label_counts(table, key, names) -> list[int]:
+    """How often each of `names` occurs in a single-label column (one Arrow pass)."""
+    import pyarrow.compute as pc
+
+    counts = dict.fromkeys(names, 0)
+    for batch in arrow_batches(table, [key]):
+        for entry in pc.value_counts(batch.column(key)).to_pylist():
+            counts[str(entry["values"])] += entry["counts"]
+    return [counts[name] for name in names]

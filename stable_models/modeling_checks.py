@@ -148,4 +148,3 @@ def warn_if_longer_than_positions(model, length: int, position_ids, padding_mask
             UserWarning,
             stacklevel=user_stacklevel(),
         )
-

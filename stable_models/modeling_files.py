@@ -206,4 +206,3 @@ def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | 
         if not os.path.isfile(path):
             _fail(path, "missing: the weights index lists it", "Copy every shard next to the index, or save again.")
         check_safetensors(path)
-

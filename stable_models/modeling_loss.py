@@ -155,4 +155,3 @@ def infer_problem_type(labels, num_labels: int) -> str:
         "set config.problem_type='regression'. Or set config.problem_type explicitly to one of "
         "'single_label_classification', 'multi_label_classification', 'regression'."
     )
-

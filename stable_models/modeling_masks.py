@@ -100,4 +100,3 @@ class LayerMaskGuard:
         safe = safe_attention_mask(mask, self.past_length)
         self.cache = [*self.cache[-7:], (mask, safe)]  # bounded: the backbone may also be called on its own
         return safe
-

@@ -79,4 +79,3 @@ def pool_packed(hidden_states: torch.Tensor, example_ids: torch.Tensor, pooling:
     )
     sizes = torch.bincount(example_ids, minlength=count).to(dtype).unsqueeze(-1)
     return sums / sizes
-

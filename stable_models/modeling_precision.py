@@ -70,4 +70,3 @@ LOW_PRECISION_ADVICE = (
     "fp32 ones), so the loss can stay flat. Load with dtype=torch.float32 and train under bf16 autocast "
     "(TrainingArguments(bf16=True)), or train LoRA adapters (peft keeps them in fp32)."
 )
-

@@ -250,4 +250,3 @@ def model_type_of(classifier_name: str) -> str | None:
         if name == config_name and model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             return model_type
     return None
-

@@ -359,4 +359,3 @@ def __getattr__(name: str):
             except ValueError:
                 pass
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

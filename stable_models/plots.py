@@ -64,4 +64,3 @@ def save_figure(figure, path: Path) -> str:
 
     plt.close(figure)
     return str(path)
-

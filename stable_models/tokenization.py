@@ -4,6 +4,7 @@ Stable pooling reads the attention mask, so the pad id never changes a Stable mo
 the stock classes, for collators that pad labels, and for anything that compares ids to `pad_token_id`.
 """
 
+import contextlib
 import re
 import warnings
 
@@ -52,15 +53,28 @@ def _add_pad_row(tokenizer, model) -> None:
     if model is None:
         warnings.warn(message + ". Call setup_pad_token(tokenizer, model) to resize the model too.", stacklevel=3)
         return
-    embeddings = model.get_input_embeddings()
-    old_rows = embeddings.weight.shape[0]
+    old_rows = embedding_rows(model)
     if tokenizer.pad_token_id >= old_rows:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        embeddings = model.get_input_embeddings()
-        with torch.no_grad():
-            mean = embeddings.weight[:old_rows].float().mean(0)
-            embeddings.weight[old_rows:] = mean.to(embeddings.weight.dtype)
+        weight = model.get_input_embeddings().weight
+        with torch.no_grad(), whole(weight):
+            weight[old_rows:] = weight[:old_rows].float().mean(0).to(weight.dtype)
     warnings.warn(message + f" (id {tokenizer.pad_token_id}) and set its embedding to the mean row.", stacklevel=3)
+
+
+def embedding_rows(model) -> int:
+    """Rows of the input embedding table (DeepSpeed ZeRO-3 keeps the full shape as ds_shape; the tensor is a slice)."""
+    weight = model.get_input_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
+
+
+def whole(weight):
+    """The full parameter while inside (gathered from its ZeRO-3 slices, rank 0's change kept); elsewhere a no-op."""
+    if not hasattr(weight, "ds_id"):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
 
 
 def setup_pad_token(tokenizer, model=None) -> int:
@@ -80,7 +94,7 @@ def setup_pad_token(tokenizer, model=None) -> int:
     pad_id = tokenizer.pad_token_id
     if model is None:
         return pad_id
-    rows = model.get_input_embeddings().weight.shape[0]
+    rows = embedding_rows(model)
     if pad_id >= rows:
         raise ValueError(
             f"pad token {tokenizer.pad_token!r} has id {pad_id}, outside the model's embedding table ({rows} rows): "

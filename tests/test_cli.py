@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 import stable_models
 from stable_models import cli
 from stable_models.commands import decoder_layer_linears
-from stable_models.data import read_rows
+from stable_models.data import read_table
 
 pandas = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")
@@ -292,7 +292,7 @@ def test_every_file_format_gives_the_same_rows(tmp_path):
     datasets.Dataset.from_pandas(table).save_to_disk(str(tmp_path / "saved"))
     expected = table.to_dict("records")
     for name in ("d.csv", "d.tsv", "d.csv.gz", "d.jsonl", "d.json", "d.parquet", "saved"):
-        assert read_rows(tmp_path / name) == expected, name
+        assert read_table(tmp_path / name).to_list() == expected, name
 
 
 def test_resume_continues_from_the_last_checkpoint(base, tmp_path):

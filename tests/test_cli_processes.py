@@ -1,0 +1,174 @@
+"""`stable-models train / evaluate / predict` as one job over two processes (torchrun, gloo, CPU): one writer, the
+loss history and the outputs of one process, DeepSpeed ZeRO-3 saving a whole model, and a second run into the same
+--output refused while the first holds it."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_cli import rows, write
+from test_doctor import save_checkpoint
+from tiny_tokenizers import qwen2_like
+
+from stable_models import cli
+
+pytest.importorskip("datasets")
+
+EXHAUSTIVE = pytest.mark.exhaustive
+STEPS = ["--max-steps", "4", "--eval-steps", "2", "--lr", "5e-3", "--early-stopping", "0", "--dtype", "fp32"]
+
+
+def launch(*args, processes=2, env=None, check=True):
+    """`stable-models ARGS` under torchrun with `processes` ranks (the console entry point, as a user runs it)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    command += ["-m", "stable_models", *map(str, args)]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+    if check:
+        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-6000:]}"
+    return done
+
+
+def train_losses(folder):
+    log = json.loads((folder / "training_log.json").read_text())
+    return [entry["loss"] for entry in log if "loss" in entry and "train_runtime" not in entry]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """The same LoRA run twice: two processes with batch 4, one process with batch 8."""
+    folder = tmp_path_factory.mktemp("processes")
+    base = save_checkpoint(folder / "base", "qwen2", qwen2_like())
+    data = write(folder / "train.jsonl", rows("string", 64))
+    held_out = write(folder / "eval.jsonl", rows("string", 90)[64:])
+    common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS]
+    two = launch(*common, "--batch-size", "4", "--output", folder / "two")
+    assert cli.main([str(a) for a in common + ["--batch-size", "8", "--output", folder / "one"]]) == 0
+    return folder, base, data, held_out, two
+
+
+def test_two_processes_train_like_one_with_the_doubled_batch_and_write_once(job):
+    folder, _, _, _, two = job
+    assert train_losses(folder / "two") == pytest.approx(train_losses(folder / "one"), rel=1e-5)
+    assert len(train_losses(folder / "two")) == 4
+    assert two.stdout.count("[train] done") == 1 and two.stderr.count("pre-flight ok") == 1  # rank 0 alone reports
+    one, both = load_file(folder / "one" / "model.safetensors"), load_file(folder / "two" / "model.safetensors")
+    assert one.keys() == both.keys() and all(torch.allclose(one[k], both[k], atol=1e-5) for k in one)
+    assert not (folder / "two" / ".stable-models.lock").exists()
+
+
+def test_predict_and_evaluate_on_two_processes_equal_one(job, tmp_path):
+    folder, _, _, held_out, _ = job
+    model = folder / "one"
+    for suffix in (".jsonl", ".csv"):
+        launch("predict", "--model", model, "--data", held_out, "--output", tmp_path / f"two{suffix}")
+        assert (
+            cli.main(
+                ["predict", "--model", str(model), "--data", str(held_out), "--output", str(tmp_path / f"one{suffix}")]
+            )
+            == 0
+        )
+        assert not list(tmp_path.glob("*.part"))
+    one = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    two = [json.loads(line) for line in (tmp_path / "two.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in two] == [r["text"] for r in one] == [r["text"] for r in rows("string", 90)[64:]]
+    assert [r["label"] for r in two] == [r["label"] for r in one]
+    probs = torch.tensor([list(r["probabilities"].values()) for r in one])
+    assert (torch.tensor([list(r["probabilities"].values()) for r in two]) - probs).abs().max() <= 1e-5
+    csv_one, csv_two = (tmp_path / "one.csv").read_text().splitlines(), (tmp_path / "two.csv").read_text().splitlines()
+    assert len(csv_two) == len(csv_one) == 27 and csv_two[0] == csv_one[0] == "text,label,score,p_neg,p_pos"
+
+    reports = {}
+    for name, processes in (("one", 1), ("two", 2)):
+        args = ["evaluate", "--model", model, "--data", held_out, "--report-dir", tmp_path / name]
+        if processes == 1:
+            assert cli.main([str(a) for a in args]) == 0
+        else:
+            assert launch(*args).stdout.count("report:") == 1
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())
+    assert reports["two"]["examples"] == reports["one"]["examples"] == 26
+    for key in ("accuracy", "f1_macro", "ece", "roc_auc"):
+        assert reports["two"][key] == pytest.approx(reports["one"][key], abs=1e-6), key
+    assert reports["two"]["confusion_matrix"] == reports["one"]["confusion_matrix"]
+
+
+def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
+    folder, base, data, held_out, _ = job
+    output = tmp_path / "busy"
+    command = [sys.executable, "-m", "stable_models", "train", "--model", base, "--train", data, "--output", output]
+    first = subprocess.Popen(
+        [*map(str, command), "--max-steps", "400", "--eval-steps", "400", "--batch-size", "2"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            if (output / ".stable-models.lock").exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, "the first run ended before it could be raced"
+        second = subprocess.run(
+            [*map(str, command), "--overwrite", "--max-steps", "1"], capture_output=True, text=True, timeout=300
+        )
+        assert second.returncode == 2
+        last = second.stderr.strip().splitlines()[-1]
+        assert "is being written by another stable-models train (pid" in last and str(first.pid) in last, last
+    finally:
+        first.kill()
+        first.wait()
+    assert not (output / "model.safetensors").exists()  # nothing of the refused run was written
+
+
+@pytest.mark.slow
+@EXHAUSTIVE
+def test_deepspeed_zero3_full_saves_the_whole_model(job, tmp_path):
+    folder, base, data, held_out, _ = job
+    output = tmp_path / "zero3"
+    done = launch(
+        "train",
+        "--model",
+        base,
+        "--train",
+        data,
+        "--eval",
+        held_out,
+        *STEPS,
+        "--batch-size",
+        "4",
+        "--full",
+        "--deepspeed",
+        "zero3",
+        "--output",
+        output,
+        env={"DS_ACCELERATOR": "cpu"},
+    )
+    assert "pre-flight skipped: ZeRO-3" in done.stderr
+    saved = load_file(output / "model.safetensors")
+    reference = load_file(folder / "one" / "model.safetensors")
+    assert saved.keys() == reference.keys()
+    assert all(saved[k].shape == reference[k].shape and saved[k].numel() > 0 for k in saved)  # no 0-element slices
+    assert any(not torch.equal(saved[k], reference[k]) for k in saved)  # full fine-tuning moved the weights
+    job_metrics = json.loads((output / "eval_metrics.json").read_text())  # measured by the ZeRO-3 model, in the job
+    assert (
+        cli.main(["evaluate", "--model", str(output), "--data", str(held_out), "--report-dir", str(tmp_path / "r")])
+        == 0
+    )
+    report = json.loads((tmp_path / "r" / "report.json").read_text())  # the saved folder, loaded alone
+    for key in ("accuracy", "f1_macro", "ece", "roc_auc"):
+        assert report[key] == pytest.approx(job_metrics[key], abs=1e-6), key
+
+
+def test_fsdp_on_cpu_says_it_needs_gpus(job, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs: --fsdp runs")
+    folder, base, data, _, _ = job
+    args = ["train", "--model", base, "--train", data, "--output", tmp_path / "f", "--fsdp"]
+    assert cli.main([str(a) for a in args]) == 2
+    assert "--fsdp needs GPUs" in capsys.readouterr().err
+    assert not (tmp_path / "f").exists()
