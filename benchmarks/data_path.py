@@ -6,9 +6,9 @@
 
 A tiny random Llama (hidden 32, 2 layers) and a word-level tokenizer, so the model costs little and the data path
 is what is measured; rows of 50-250 words, 3 string labels, as CSV. `train` holds out 1 % for its evaluations (both
-paths alike), so scoring the held-out rows does not swamp the figure. Memory is the peak of the summed RSS of the
-command's process tree (tokenizer workers included), sampled every 50 ms; each command starts with an empty datasets
-cache, so the Arrow conversion is inside the figure.
+paths alike), so scoring the held-out rows does not swamp the figure. Memory is the peak of the command's process
+tree (tokenizer workers included), sampled every 100 ms; each command starts with an empty datasets cache, so the
+Arrow conversion is inside the figure.
 """
 
 import argparse
@@ -27,7 +27,8 @@ WORDS = [f"w{i:04d}" for i in range(2000)]
 LABELS = ["positive", "negative", "neutral"]
 
 
-def make_model(folder: Path) -> None:
+def make_model(folder: Path, hidden: int = 32, classifier: bool = False) -> None:
+    """A tiny random Llama (causal LM, or a Stable classifier with 3 labels) and its word-level tokenizer."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -41,10 +42,24 @@ def make_model(folder: Path) -> None:
     )
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, pad_token_id=0, eos_token_id=2,
+        vocab_size=len(vocab),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        eos_token_id=2,
     )
-    LlamaForCausalLM(config).save_pretrained(folder)
+    if classifier:
+        import stable_models
+
+        config.id2label = dict(enumerate(LABELS))
+        config.label2id = {name: i for i, name in enumerate(LABELS)}
+        stable_models.StableLlamaForSequenceClassification(config).save_pretrained(folder)
+    else:
+        LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     from transformers import AutoTokenizer
 
@@ -63,22 +78,34 @@ def make_csv(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def measure(command: list[str], env: dict) -> dict:
-    """Wall seconds and the peak summed RSS (GB) of the command's process tree."""
+    """Wall seconds and the peak memory (GB) of the command's process tree: the summed PSS (proportional set size:
+    a page shared by the tokenizer workers and their parent, or mapped from the Arrow file by several of them, counts
+    once in all), and the summed RSS beside it (which counts such pages once per process)."""
     start = time.perf_counter()
-    process = psutil.Popen(  # cwd: the work folder, so PYTHONPATH (not the current directory) picks the code
-        command, env=env, cwd=env["HF_DATASETS_CACHE"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    peak = 0
-    while process.poll() is None:
-        try:
-            tree = [process, *process.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    wall = time.perf_counter() - start
-    error = process.stderr.read()
-    return {"ok": process.returncode == 0, "wall_s": wall, "peak_gb": peak / 1e9, "error": error[-800:]}
+    with tempfile.TemporaryFile("w+") as errors:  # a pipe would fill up with progress bars and stall the command
+        process = psutil.Popen(  # cwd: the work folder, so PYTHONPATH (not the current directory) picks the code
+            command, env=env, cwd=env["HF_DATASETS_CACHE"], stdout=subprocess.DEVNULL, stderr=errors, text=True
+        )
+        peak_pss, peak_rss = 0, 0
+        while process.poll() is None:
+            try:
+                tree = [process, *process.children(recursive=True)]
+                memory = [p.memory_full_info() for p in tree]
+                peak_pss = max(peak_pss, sum(m.pss for m in memory))
+                peak_rss = max(peak_rss, sum(m.rss for m in memory))
+            except (psutil.Error, OSError):
+                pass
+            time.sleep(0.1)
+        wall = time.perf_counter() - start
+        errors.seek(0)
+        error = errors.read()
+    return {
+        "ok": process.returncode == 0,
+        "wall_s": wall,
+        "peak_gb": peak_pss / 1e9,
+        "peak_rss_gb": peak_rss / 1e9,
+        "error": error[-800:],
+    }
 
 
 def main() -> None:
@@ -113,27 +140,58 @@ def main() -> None:
                 if command != "train" and size > args.score_max:
                     continue  # the tiny model scores ~500 rows/s on 2 cores: 1M rows would take over half an hour
                 argv = {
-                    "train": ["--model", work / "model", "--train", data, "--output", out, "--overwrite",
-                              "--max-steps", "2", "--eval-steps", "2", "--batch-size", "8", "--dtype", "fp32",
-                              "--eval-fraction", "0.01"],
+                    "train": [
+                        "--model",
+                        work / "model",
+                        "--train",
+                        data,
+                        "--output",
+                        out,
+                        "--overwrite",
+                        "--max-steps",
+                        "2",
+                        "--eval-steps",
+                        "2",
+                        "--batch-size",
+                        "8",
+                        "--dtype",
+                        "fp32",
+                        "--eval-fraction",
+                        "0.01",
+                    ],
                     "evaluate": ["--model", out, "--data", data, "--report-dir", out / "evaluation"],
                     "predict": ["--model", out, "--data", data, "--output", out / "predictions.jsonl", "--overwrite"],
                 }[command]
                 with tempfile.TemporaryDirectory(dir=work) as cache:
-                    env = {**os.environ, "PYTHONPATH": str(code), "HF_DATASETS_CACHE": cache, "HF_HUB_OFFLINE": "1",
-                           "TOKENIZERS_PARALLELISM": "false"}
-                    row = {"rows": size, "path": name, "command": command,
-                           **measure([sys.executable, "-m", "stable_models", command, *map(str, argv)], env)}
+                    env = {
+                        **os.environ,
+                        "PYTHONPATH": str(code),
+                        "HF_DATASETS_CACHE": cache,
+                        "HF_HUB_OFFLINE": "1",
+                        "TOKENIZERS_PARALLELISM": "false",
+                    }
+                    row = {
+                        "rows": size,
+                        "path": name,
+                        "command": command,
+                        **measure([sys.executable, "-m", "stable_models", command, *map(str, argv)], env),
+                    }
                 row["us_per_row"] = row["wall_s"] / size * 1e6
                 results.append(row)
                 status = "" if row["ok"] else "  FAILED: " + row["error"].strip().splitlines()[-1]
-                print(f"{size:>9} {name:12} {command:9} {row['wall_s']:8.1f} s {row['peak_gb']:6.2f} GB "
-                      f"{row['us_per_row']:8.0f} us/row{status}", flush=True)
-    print("\n| rows | command | path | wall | per row | peak memory |\n|---:|---|---|---:|---:|---:|")
+                print(
+                    f"{size:>9} {name:12} {command:9} {row['wall_s']:8.1f} s {row['peak_gb']:6.2f} GB "
+                    f"(RSS {row['peak_rss_gb']:.2f} GB) {row['us_per_row']:8.0f} us/row{status}",
+                    flush=True,
+                )
+    print("\n| rows | command | path | wall | per row | peak memory (PSS) | peak RSS |")
+    print("|---:|---|---|---:|---:|---:|---:|")
     for r in results:
         wall = f"{r['wall_s']:.0f} s" if r["ok"] else "failed"
-        print(f"| {r['rows']:,} | {r['command']} | {r['path']} | {wall} | {r['us_per_row']:.0f} µs | "
-              f"{r['peak_gb']:.2f} GB |")
+        print(
+            f"| {r['rows']:,} | {r['command']} | {r['path']} | {wall} | {r['us_per_row']:.0f} µs | "
+            f"{r['peak_gb']:.2f} GB | {r['peak_rss_gb']:.2f} GB |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -111,6 +111,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward")
+    p.add_argument(
+        "--engine", default="torch", choices=["torch", "vllm"], help="vllm: vLLM's pooling runner (serving extra)"
+    )
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="with --engine vllm: GPUs per model copy")
+    p.add_argument("--data-parallel-size", type=int, default=1, help="with --engine vllm: model copies")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="with --engine vllm: vLLM's share of the memory (on CPU: of RAM, which it checks is free at start)",
+    )
+    p.add_argument(
+        "--vllm-dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        help="with --engine vllm: float32 gives the torch path's scores; bfloat16 is faster on GPUs",
+    )
     commands.add_parser("doctor", help="explain NaN / wrong results of a checkpoint (doctor --help)", add_help=False)
     return top
 

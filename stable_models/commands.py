@@ -67,10 +67,9 @@ def load_tokenizer(model: str, gguf_file=None):
         raise CliError(f"--model {model}: no tokenizer could be loaded ({str(error).splitlines()[0]})") from None
 
 
-def load_classifier(model: str, device=None):
-    """A classifier folder saved by `train` (or any Stable / stock classifier folder), in fp32, eval mode, on
-    `device` (default: the CPU)."""
-    import stable_models
+def classifier_config(model: str):
+    """The config of a classifier folder saved by `train` (or any Stable / stock classifier folder), checked."""
+    from transformers import AutoConfig
 
     check_model_path(model, None)
     if not Path(model).is_dir():
@@ -83,6 +82,17 @@ def load_classifier(model: str, device=None):
         raise CliError(
             f"--model {model}: not a classifier ({', '.join(classes) or 'no architectures'}); train one first"
         )
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError) as error:
+        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
+
+
+def load_classifier(model: str, device=None):
+    """A classifier folder in fp32, eval mode, on `device` (default: the CPU), with its tokenizer."""
+    import stable_models
+
+    classifier_config(model)
     try:
         classifier = stable_models.from_pretrained(model, dtype=torch.float32)
     except (OSError, ValueError, TypeError) as error:
@@ -129,10 +139,9 @@ def decoder_layer_linears(model) -> list[str]:
     return sorted(names)
 
 
-def preflight(model, tokenizer, train_set, task, folder, job: Job) -> None:
+def preflight(model, tokenizer, train_set, task, folder) -> None:
     """The doctor's checks on the first examples: finite loss and gradients, padding-invariant logits, an fp32 loss
-    that honours num_items_in_batch. Stops with the doctor's report when one fails. Every rank runs it on the same
-    examples (so every rank stops alike); rank 0 reports."""
+    that honours num_items_in_batch. Stops with the doctor's report when one fails."""
     from .doctor import PADDING_TOLERANCE, run_one
 
     first = train_set[: min(8, len(train_set))]
@@ -154,10 +163,8 @@ def preflight(model, tokenizer, train_set, task, folder, job: Job) -> None:
         raise SystemExit(
             f"stable-models: the pre-flight check failed: {problems[0]}. `python -m stable_models doctor --model "
             f"{folder}` gives the full report."
-            if job.is_main
-            else 1
         )
-    job.say(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
+    print(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
 
 
 @dataclass
@@ -503,7 +510,8 @@ def train(args) -> int:
         if training.deepspeed and training.hf_deepspeed_config.is_zero3():
             job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
         else:
-            preflight(model, tokenizer, train_set, data.task, args.model, job)
+            # rank 0 alone (it leaves the weights as they were; Trainer seeds every rank alike afterwards)
+            job.on_main(lambda: preflight(model, tokenizer, train_set, data.task, args.model))
         model = with_adapters(model, args)
         trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
         resume = args.resume and any(checkpoints.glob("checkpoint-*"))
@@ -701,18 +709,29 @@ def predict(args) -> int:
             raise CliError(f"--output {output} exists; pass --overwrite or another file")
 
     job.on_main(check_output)
-    model, tokenizer = load_classifier(args.model, job.device)
-    task = model.config.problem_type or "single_label_classification"
-    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    thresholds = getattr(model.config, "multi_label_thresholds", None) or [0.5] * len(names)
+    if args.engine == "vllm" and job.world > 1:
+        raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
+    if args.engine == "vllm":
+        from . import vllm_scoring
+
+        config, tokenizer = classifier_config(args.model), load_tokenizer(args.model)
+    else:
+        model, tokenizer = load_classifier(args.model, job.device)
+        config = model.config
+    task = config.problem_type or "single_label_classification"
+    names = [config.id2label[i] for i in range(config.num_labels)]
+    thresholds = getattr(config, "multi_label_thresholds", None) or [0.5] * len(names)
     table = job.main_first(lambda: read_table(args.data))
     job.on_main(lambda: check_texts(table, args, args.data))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
     job.barrier()
-    part = output.with_name(f"{output.name}.rank{job.rank}.part")
-    writer = ResultWriter(part, output.suffix, task, names, header=job.is_main)
-    try:
+    if args.engine == "vllm":
+        llm = vllm_scoring.load_engine(
+            args.model, args.tensor_parallel_size, args.data_parallel_size, args.vllm_dtype, args.gpu_memory_utilization
+        )
+        stream = vllm_scoring.stream_logits(llm, tokenizer, table, args.text_key, args.text_pair_key)
+    else:
         stream = stream_logits(
             model,
             tokenizer,
@@ -723,8 +742,14 @@ def predict(args) -> int:
             args.batch_size,
             progress=job.is_main,
         )
+    part = output.with_name(f"{output.name}.rank{job.rank}.part")
+    writer = ResultWriter(part, output.suffix, task, names, header=job.is_main)
+    try:
         for texts, logits in stream:
             writer.write(result_rows(texts, probabilities(logits, task), task, names, thresholds))
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     finally:
         writer.close()
     job.barrier()

