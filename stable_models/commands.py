@@ -557,22 +557,18 @@ def class_weights(value: str, data: LabelledData, key: str) -> list[float]:
     return [len(data.train) / (len(names) * c) if c else 0.0 for c in counts]
 
 
+def shard_stream(job: Job, model, tokenizer, table, args):
+    """(texts, logits) of this rank's contiguous shard of the rows, in row order, as they are scored."""
+    rows = job.shard(len(table))
+    return stream_logits(
+        model, tokenizer, table, args.text_key, args.text_pair_key, rows, args.batch_size, progress=job.is_main
+    )
+
+
 def sharded_logits(job: Job, model, tokenizer, table, args) -> torch.Tensor | None:
     """Logits of every row in row order: each rank scores its contiguous shard, rank 0 gets them all (None on the
     other ranks)."""
-    parts = [
-        logits
-        for _, logits in stream_logits(
-            model,
-            tokenizer,
-            table,
-            args.text_key,
-            args.text_pair_key,
-            job.shard(len(table)),
-            args.batch_size,
-            progress=job.is_main,
-        )
-    ]
+    parts = [logits for _, logits in shard_stream(job, model, tokenizer, table, args)]
     gathered = job.gather(torch.cat(parts) if parts else None)
     return None if gathered is None else torch.cat([p for p in gathered if p is not None])
 
@@ -732,16 +728,7 @@ def predict(args) -> int:
         )
         stream = vllm_scoring.stream_logits(llm, tokenizer, table, args.text_key, args.text_pair_key)
     else:
-        stream = stream_logits(
-            model,
-            tokenizer,
-            table,
-            args.text_key,
-            args.text_pair_key,
-            job.shard(len(table)),
-            args.batch_size,
-            progress=job.is_main,
-        )
+        stream = shard_stream(job, model, tokenizer, table, args)
     part = output.with_name(f"{output.name}.rank{job.rank}.part")
     writer = ResultWriter(part, output.suffix, task, names, header=job.is_main)
     try:

