@@ -44,15 +44,12 @@ def stream_logits(model, tokenizer, table, text_key, pair_key, rows: range, batc
     in the number of rows."""
     from tqdm.auto import tqdm
 
-    from .data import texts_of
+    from .data import tokenized_chunks
 
     part = table.select(rows) if len(rows) != len(table) else table
-    columns = [text_key] + ([pair_key] if pair_key else [])
     with tqdm(total=len(part), desc="scoring", disable=not progress, unit="row") as bar:
-        for batch in part.select_columns(columns).iter(batch_size=SCORING_CHUNK):
-            texts, pairs = texts_of(batch, text_key, pair_key)
-            encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
-            yield texts, logits_in_length_order(model, tokenizer, encoded["input_ids"], batch_size, bar)
+        for texts, ids in tokenized_chunks(tokenizer, part, text_key, pair_key, SCORING_CHUNK):
+            yield texts, logits_in_length_order(model, tokenizer, ids, batch_size, bar)
 
 
 def probabilities(logits, task):

@@ -161,10 +161,10 @@ def label_task(table, key, path) -> str:
         )
     ):
         return "single_label_classification"
-    return python_label_task(table[key], key, path)  # e.g. datasets' Json feature: a JSON column of mixed kinds
+    return refuse_label_kinds(table[key], key, path)  # e.g. datasets' Json feature: a JSON column of mixed kinds
 
 
-def python_label_task(labels, key, path) -> str:
+def refuse_label_kinds(labels, key, path) -> str:
     kinds = set()
     for value in labels:
         if isinstance(value, (list, tuple)):
@@ -209,9 +209,12 @@ def label_names(table, key, task) -> list[str]:
 
 
 def check_known_labels(table, key, task, label2id, path) -> None:
-    if task == "regression":
-        return
-    unseen = sorted({str(v) for v in label_values(table, key, task)} - set(label2id))
+    if task != "regression":
+        refuse_unseen(label_values(table, key, task), label2id, path)
+
+
+def refuse_unseen(values, label2id, path) -> None:
+    unseen = sorted({str(v) for v in values} - set(label2id))
     if unseen:
         raise CliError(
             f"{path}: labels {unseen[:5]} are not among the model's labels {list(label2id)[:10]} "
@@ -223,14 +226,7 @@ def encode_labels(labels, task, label2id, path):
     """Python labels (a list) as the model's targets: ids, multi-hot rows, or floats."""
     if task == "regression":
         return [float(v) for v in labels]
-    unseen = sorted(
-        {str(v) for label in labels for v in (label if isinstance(label, list) else [label])} - set(label2id)
-    )
-    if unseen:
-        raise CliError(
-            f"{path}: labels {unseen[:5]} are not among the model's labels {list(label2id)[:10]} "
-            "(every label must occur in the training data)"
-        )
+    refuse_unseen((v for label in labels for v in (label if isinstance(label, list) else [label])), label2id, path)
     if task == "single_label_classification":
         return [label2id[str(v)] for v in labels]
     return [[1.0 if name in {str(v) for v in label} else 0.0 for name in label2id] for label in labels]
@@ -251,6 +247,15 @@ def split_eval(table, fraction, seed):
 def texts_of(batch: dict, text_key, pair_key):
     texts = [str(t) for t in batch[text_key]]
     return texts, None if not pair_key else [str(p) for p in batch[pair_key]]
+
+
+def tokenized_chunks(tokenizer, table, text_key, pair_key, chunk: int):
+    """(texts, token ids) of `table`'s rows, `chunk` rows at a time, in row order, truncated as the tokenizer says."""
+    columns = [text_key] + ([pair_key] if pair_key else [])
+    for batch in table.select_columns(columns).iter(batch_size=chunk):
+        texts, pairs = texts_of(batch, text_key, pair_key)
+        encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
+        yield texts, encoded["input_ids"]
 
 
 def tokenize(tokenizer, texts, pairs, max_length=None):

