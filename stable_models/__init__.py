@@ -39,6 +39,7 @@ __version__ = "0.2.0"
 # accelerate and bitsandbytes (seconds, and bitsandbytes may print to stderr)
 LAZY = {
     "StableTrainer": "trainer",
+    "PairwiseTrainer": "trainer",
     "NonFiniteError": "training",
     "NonFiniteGuard": "training",
     "StopOnNonFinite": "training",
@@ -61,6 +62,7 @@ __all__ = [
     "NonFiniteGuard",
     "PackedCollator",
     "PackedPairCollator",
+    "PairwiseTrainer",
     "StableSequenceClassificationMixin",
     "StableTrainer",
     "StopOnNonFinite",

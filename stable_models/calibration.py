@@ -3,6 +3,10 @@ scores, confusion matrix, ECE, or regression errors and correlations), temperatu
 head, and per-class multi-label thresholds. `calibrate(model, tokenizer, texts, labels)` does it on held-out data.
 """
 
+import os
+import shutil
+from pathlib import Path
+
 import torch
 
 from .data import encode_labels
@@ -228,6 +232,17 @@ def calibrate_logits(model, logits, targets, task) -> tuple[dict, torch.Tensor]:
     return fitted, logits
 
 
+def save_in_place(model, folder: Path) -> None:
+    """Save next to `folder`, then swap the files in, so an interrupted save leaves the old checkpoint whole."""
+    staging = folder / ".stable-models-saving"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    for item in staging.iterdir():
+        if item.name != "README.md":
+            os.replace(item, folder / item.name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def calibrate(model, tokenizer, texts, labels, pairs=None, batch_size=16) -> dict:
     """Calibrate a classifier on held-out texts and labels (label names or ids; for multi-label, lists of them), in
     place: the temperature goes into `model.score`, thresholds into `model.config`. Save the model afterwards to keep
@@ -243,3 +258,82 @@ def calibrate(model, tokenizer, texts, labels, pairs=None, batch_size=16) -> dic
     logits = forward_in_length_order(model.eval(), tokenizer, texts, pairs, batch_size, progress=False)
     model.train(was_training)
     return calibrate_logits(model, logits, targets, task)[0]
+
+
+# RewardBench (v1): its subsets, weighted by their example counts within a section (math-prm counted as 984, as
+# RewardBench upweights it to equal the code subsets); the score is the mean of the sections
+REWARDBENCH_SECTIONS = {
+    "Chat": {
+        "alpacaeval-easy": 100,
+        "alpacaeval-length": 95,
+        "alpacaeval-hard": 95,
+        "mt-bench-easy": 28,
+        "mt-bench-med": 40,
+    },
+    "Chat Hard": {
+        "mt-bench-hard": 37,
+        "llmbar-natural": 100,
+        "llmbar-adver-neighbor": 134,
+        "llmbar-adver-GPTInst": 92,
+        "llmbar-adver-GPTOut": 47,
+        "llmbar-adver-manual": 46,
+    },
+    "Safety": {
+        "refusals-dangerous": 100,
+        "refusals-offensive": 100,
+        "xstest-should-refuse": 154,
+        "xstest-should-respond": 250,
+        "donotanswer": 136,
+    },
+    "Reasoning": {
+        "math-prm": 984,
+        "hep-cpp": 164,
+        "hep-go": 164,
+        "hep-java": 164,
+        "hep-js": 164,
+        "hep-python": 164,
+        "hep-rust": 164,
+    },
+}
+
+
+def pair_logits(chosen, rejected) -> torch.Tensor:
+    """A pair as a two-class problem, class 1 = chosen preferred: softmax gives sigmoid(r_chosen - r_rejected), and
+    the classification ECE, temperature fit and reliability diagram apply as they are."""
+    return torch.stack([torch.as_tensor(rejected), torch.as_tensor(chosen)], -1).double()
+
+
+def pairwise_metrics(chosen, rejected, subsets=None) -> dict:
+    """Pairwise accuracy (a tie counts as wrong, as in TRL and RewardBench), the reward margin's mean and spread, the
+    ECE of sigmoid(r_chosen - r_rejected); with `subsets`, accuracy per subset and RewardBench's section scores
+    where the subset names match."""
+    chosen, rejected = torch.as_tensor(chosen).double(), torch.as_tensor(rejected).double()
+    margin = chosen - rejected
+    logits = pair_logits(chosen, rejected)
+    report = {
+        "pairs": len(margin),
+        "accuracy": (margin > 0).double().mean().item(),
+        "margin_mean": margin.mean().item(),
+        "margin_std": margin.std().item() if len(margin) > 1 else 0.0,
+        "ece": expected_calibration_error(
+            *calibration_points(logits, torch.ones(len(margin)), "single_label_classification")
+        ),
+        "reward_chosen_mean": chosen.mean().item(),
+        "reward_rejected_mean": rejected.mean().item(),
+        "ties": int((margin == 0).sum()),
+    }
+    if subsets is not None:
+        correct: dict = {}
+        for name, right in zip(subsets, (margin > 0).tolist(), strict=True):
+            correct.setdefault(str(name), []).append(right)
+        report["per_subset"] = {n: {"accuracy": sum(c) / len(c), "pairs": len(c)} for n, c in sorted(correct.items())}
+        sections = {}
+        for section, counts in REWARDBENCH_SECTIONS.items():
+            present = [s for s in counts if s in report["per_subset"]]
+            if present:
+                weight = sum(counts[s] for s in present)
+                sections[section] = sum(report["per_subset"][s]["accuracy"] * counts[s] for s in present) / weight
+        if sections:
+            report["rewardbench_sections"] = sections
+            report["rewardbench_score"] = sum(sections.values()) / len(sections)
+    return report

@@ -90,6 +90,17 @@ def parser() -> argparse.ArgumentParser:
         "--early-stopping", type=int, default=3, help="stop after N evaluations without improvement (0: off)"
     )
     t.add_argument("--seed", type=int, default=42, help="random seed (data split, head init, order)")
+    t.add_argument(
+        "--task",
+        default="auto",
+        choices=["auto", "classification", "preference"],
+        help="auto: preference (a reward model) for 'chosen' / 'rejected' columns, else from the labels' kind",
+    )
+    t.add_argument(
+        "--center-rewards",
+        type=float,
+        help="reward models: add COEF x (r_chosen + r_rejected)^2 to the loss (TRL's center_rewards_coefficient)",
+    )
 
     e = commands.add_parser(
         "evaluate", help="metrics, calibration and plots on labelled data", formatter_class=HelpFormatter
@@ -111,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward")
+    p.add_argument(
+        "--group-key", help="reward models: rank each response within the rows sharing this column (best-of-n)"
+    )
     p.add_argument(
         "--engine", default="torch", choices=["torch", "vllm"], help="vllm: vLLM's pooling runner (serving extra)"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .calibration import calibrate_logits, metrics, probabilities, stream_logits
+from .calibration import calibrate_logits, metrics, probabilities, save_in_place, stream_logits
 from .data import (
     CliError,
     check_known_labels,
@@ -105,17 +105,6 @@ def load_classifier(model: str, device=None):
     return classifier.to(device or "cpu").eval(), tokenizer
 
 
-def save_in_place(model, folder: Path) -> None:
-    """Save next to `folder`, then swap the files in, so an interrupted save leaves the old checkpoint whole."""
-    staging = folder / ".stable-models-saving"
-    shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
-    for item in staging.iterdir():
-        if item.name != "README.md":
-            os.replace(item, folder / item.name)
-    shutil.rmtree(staging, ignore_errors=True)
-
-
 def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
     if output.exists() and not output.is_dir():
         raise CliError(f"--output {output} is a file; give a directory")
@@ -139,16 +128,24 @@ def decoder_layer_linears(model) -> list[str]:
     return sorted(names)
 
 
+def first_examples(train_set, task) -> tuple[list, list, torch.dtype]:
+    """The pre-flight's examples: the first 8 rows' token ids and labels (for pairs, the first pairs' responses)."""
+    if task == "preference":
+        from .rewards import preflight_examples
+
+        return preflight_examples(train_set)
+    first = train_set[: min(8, len(train_set))]
+    return first["input_ids"], first["labels"], torch.long if task == "single_label_classification" else torch.float32
+
+
 def preflight(model, tokenizer, train_set, task, folder) -> None:
     """The doctor's checks on the first examples: finite loss and gradients, padding-invariant logits, an fp32 loss
     that honours num_items_in_batch. Stops with the doctor's report when one fails."""
     from .doctor import PADDING_TOLERANCE, run_one
 
-    first = train_set[: min(8, len(train_set))]
-    ids, labels = first["input_ids"], first["labels"]
+    ids, labels, dtype = first_examples(train_set, task)
     batch = dict(tokenizer.pad({"input_ids": ids}, return_tensors="pt"))
     alone = [dict(tokenizer.pad({"input_ids": [one]}, return_tensors="pt")) for one in ids]
-    dtype = torch.long if task == "single_label_classification" else torch.float32
     result = run_one(model, batch, alone, torch.tensor(labels, dtype=dtype))
     model.train()
     tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, result["logit scale"])
@@ -173,8 +170,9 @@ class LabelledData:
 
     train: object
     eval: object
-    task: str
+    task: str  # one of data.TASKS, or "preference" (pairs for a reward model)
     names: list
+    layouts: tuple = ()  # preference.Layout of the train and eval pairs
 
     @property
     def label2id(self) -> dict:
@@ -183,8 +181,12 @@ class LabelledData:
 
 def read_training_data(args) -> LabelledData:
     """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two classes,
-    every eval label known."""
+    every eval label known. Preference pairs (TRL's layouts) where --task says so or the columns do."""
+    from .rewards import wants_preference
+
     table = read_table(args.train)
+    if wants_preference(table, args.task):
+        return read_preference_data(args, table)
     task = labelled(table, args, args.train)
     if args.eval:
         eval_table = read_table(args.eval)
@@ -201,6 +203,20 @@ def read_training_data(args) -> LabelledData:
     return LabelledData(table, eval_table, task, names)
 
 
+def read_preference_data(args, table) -> LabelledData:
+    """--train (and --eval, or a held-out --eval-fraction) as checked preference pairs of one layout."""
+    from .rewards import REWARD, read_pairs
+
+    layouts = [read_pairs(table, args.train)]
+    if args.eval:
+        eval_table = read_table(args.eval)
+        layouts.append(read_pairs(eval_table, args.eval))
+    else:
+        table, eval_table = split_eval(table, args.eval_fraction, args.seed)
+        layouts.append(layouts[0])
+    return LabelledData(table, eval_table, "preference", [REWARD], tuple(layouts))
+
+
 def loading_options(args, data: LabelledData) -> dict:
     """`from_pretrained` arguments for the classifier: the label map, the task, pooling and the loss options."""
     options = {}
@@ -209,7 +225,11 @@ def loading_options(args, data: LabelledData) -> dict:
             raise CliError("--class-weights applies to single-label classification")
         options["class_weights"] = class_weights(args.class_weights, data, args.label_key)
     if args.label_smoothing:
+        if data.task != "single_label_classification":
+            raise CliError("--label-smoothing applies to single-label classification")
         options["label_smoothing"] = args.label_smoothing
+    if args.center_rewards and data.task != "preference":
+        raise CliError("--center-rewards applies to reward models (preference data)")
     if args.pos_weight:
         if data.task != "multi_label_classification":
             raise CliError("--pos-weight applies to multi-label classification")
@@ -218,7 +238,7 @@ def loading_options(args, data: LabelledData) -> dict:
         num_labels=len(data.names),
         id2label=dict(enumerate(data.names)),
         label2id={name: i for i, name in enumerate(data.names)},
-        problem_type=data.task,
+        problem_type="regression" if data.task == "preference" else data.task,  # a reward: one unbounded output
         pooling=args.pooling,
         dtype=torch.float32,
         ignore_mismatched_sizes=True,
@@ -265,9 +285,14 @@ def keep_4bit_weights_trainable(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def tokenized_sets(args, tokenizer, model, data: LabelledData) -> tuple:
+def tokenized_sets(args, tokenizer, model, data: LabelledData, say=print) -> tuple:
     """(train, eval) tables of token ids, lengths and labels, truncated to --max-length and the model's positions
-    (a cached `map`); the tokenizer remembers the longest, so evaluate and predict truncate where training did."""
+    (a cached `map`); the tokenizer remembers the longest, so evaluate and predict truncate where training did.
+    Pairs: rewards.training_pairs."""
+    if data.task == "preference":
+        from .rewards import training_pairs
+
+        return training_pairs(args, tokenizer, model, data, say)
     limit = min(args.max_length or 10**9, getattr(model.config.get_text_config(), "max_position_embeddings", 10**9))
     train_set = encoded(data.train, tokenizer, args, data.task, data.label2id, limit)
     eval_set = encoded(data.eval, tokenizer, args, data.task, data.label2id, limit)
@@ -371,7 +396,7 @@ def training_arguments(args, data: LabelledData, dtype: str, checkpoints: Path):
         save_steps=eval_steps,
         save_total_limit=2,
         load_best_model_at_end=True,
-        metric_for_best_model="mse" if data.task == "regression" else "f1_macro",
+        metric_for_best_model={"regression": "mse", "preference": "accuracy"}.get(data.task, "f1_macro"),
         greater_is_better=data.task != "regression",
         logging_steps=max(1, min(eval_steps, total_steps // 20)),
         seed=args.seed,
@@ -407,11 +432,7 @@ def make_trainer(training, model, tokenizer, data: LabelledData, train_set, eval
     from .trainer import StableTrainer
     from .training import StopOnNonFinite
 
-    collator = (
-        DataCollatorWithPadding(tokenizer)
-        if recurrent_layer_kinds(model.config) or args.no_packing
-        else stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
-    )
+    packing = not (recurrent_layer_kinds(model.config) or args.no_packing)
     callbacks = [StopOnNonFinite()]
     if args.early_stopping:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping))
@@ -420,7 +441,22 @@ def make_trainer(training, model, tokenizer, data: LabelledData, train_set, eval
         report = metrics(torch.as_tensor(prediction.predictions), prediction.label_ids, data.task, data.names)
         return {k: v for k, v in report.items() if isinstance(v, float)}
 
-    class LengthGroupedTrainer(StableTrainer):
+    extra = {}
+    if data.task == "preference":
+        from .rewards import compute_pair_metrics, pair_collator
+        from .trainer import PairwiseTrainer
+
+        base, collator, compute_metrics = PairwiseTrainer, pair_collator(tokenizer, packing), compute_pair_metrics
+        extra["center_rewards"] = args.center_rewards
+    else:
+        base = StableTrainer
+        collator = ModelInputs(
+            stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
+            if packing
+            else DataCollatorWithPadding(tokenizer)
+        )
+
+    class LengthGroupedTrainer(base):
         def _get_train_sampler(self, *args, **kwargs):
             """Batches of similar length (less padding, fuller packed rows), grouped per optimizer step over all
             processes: N processes with batch B see the steps one process with batch N x B sees."""
@@ -435,9 +471,10 @@ def make_trainer(training, model, tokenizer, data: LabelledData, train_set, eval
         args=training,
         train_dataset=train_set,
         eval_dataset=eval_set,
-        data_collator=ModelInputs(collator),
+        data_collator=collator,
         compute_metrics=compute_metrics,
         callbacks=callbacks,
+        **extra,
     )
 
 
@@ -497,11 +534,20 @@ def train(args) -> int:
     checkpoints = output / "checkpoints"
     training = training_arguments(args, data, dtype, checkpoints)  # before the model: ZeRO-3 partitions at build
     with output_lock(output, job):
-        kind = data.task.replace("_", " ")
+        kind = "reward" if data.task == "preference" else data.task.replace("_", " ")
         job.say(f"[train] loading {args.model} as a {kind} model with {len(data.names)} output(s)", file=sys.stderr)
         model = load_base_model(args, load, dtype)
         setup_pad_token(tokenizer, model)
-        train_set, eval_set = job.main_first(lambda: tokenized_sets(args, tokenizer, model, data))
+        if data.task == "preference":
+            from .rewards import check_renderable, rendering
+
+            for layout, path in zip(data.layouts, (args.train, args.eval or args.train), strict=True):
+                check_renderable(layout, tokenizer, args.model, path)
+            job.say(
+                f"[train] preference pairs ({data.layouts[0].describe()}): {rendering(data.layouts[0], tokenizer)}",
+                file=sys.stderr,
+            )
+        train_set, eval_set = job.main_first(lambda: tokenized_sets(args, tokenizer, model, data, job.say))
         job.say(
             f"[train] {len(train_set)} train / {len(eval_set)} eval examples, max length "
             f"{tokenizer.model_max_length}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
@@ -526,7 +572,8 @@ def train(args) -> int:
                     merged_model(trainer.model, args, load, tokenizer, checkpoints), tokenizer, output, history, final
                 )
             )
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in ("accuracy", "f1_macro", "mse", "loss", "ece"))
+    keys = ("accuracy", "f1_macro", "mse", "margin_mean", "loss", "ece")
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in keys)
     job.say(f"[train] done: {shown}")
     job.say(
         f"[train] model: {output} (stable_models.from_pretrained(dir), or AutoModelForSequenceClassification "
@@ -574,8 +621,14 @@ def sharded_logits(job: Job, model, tokenizer, table, args) -> torch.Tensor | No
 
 
 def evaluate(args) -> int:
+    from . import rewards
+
     job = Job()
     model, tokenizer = load_classifier(args.model, job.device)
+    if rewards.is_reward_model(model.config):
+        rewards.evaluate(args, job, model, tokenizer)
+        job.leave()
+        return 0
     task = model.config.problem_type or "single_label_classification"
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     if args.calibrate and task == "regression":
@@ -694,7 +747,11 @@ class ResultWriter:
 
 def predict(args) -> int:
     """Scores the rows as they stream, each rank its contiguous shard into a part file; rank 0 joins the parts in rank
-    order and moves the result onto --output only when it is complete (an --overwrite never leaves half a file)."""
+    order and moves the result onto --output only when it is complete (an --overwrite never leaves half a file).
+    A reward model: rewards.predict."""
+    from . import rewards
+    from .rewards import is_reward_model
+
     job = Job()
     output = Path(args.output)
 
@@ -714,6 +771,23 @@ def predict(args) -> int:
     else:
         model, tokenizer = load_classifier(args.model, job.device)
         config = model.config
+    if is_reward_model(config):
+        if job.is_main:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        llm = None
+        if args.engine == "vllm":
+            llm = vllm_scoring.load_engine(
+                args.model,
+                args.tensor_parallel_size,
+                args.data_parallel_size,
+                args.vllm_dtype,
+                args.gpu_memory_utilization,
+            )
+        rewards.predict(args, job, None if llm else model, tokenizer, llm)
+        job.leave()
+        return 0
+    if args.group_key:
+        raise CliError("--group-key ranks the responses of a reward model; this model is a classifier")
     task = config.problem_type or "single_label_classification"
     names = [config.id2label[i] for i in range(config.num_labels)]
     thresholds = getattr(config, "multi_label_thresholds", None) or [0.5] * len(names)

@@ -14,11 +14,11 @@ from .modeling_pooling import DEFAULT_POOLING, POOLING_MODES
 
 MODEL_CARD = """---
 library_name: transformers
-tags: [stable_models, text-classification]
+tags: [stable_models, {tag}]
 ---
 # {name}
 
-A `stable_models` sequence classifier (`{name}`, pooling `{pooling}`): pooling from `attention_mask`, padding-invariant
+A `stable_models` {kind} (`{name}`, pooling `{pooling}`): pooling from `attention_mask`, padding-invariant
 logits, no fully masked attention rows, fp32 head, logits and loss. See https://pypi.org/project/stable_models/.
 
 Load it with remote code, which this folder carries (no `stable_models` install needed):
@@ -31,6 +31,19 @@ model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder"
 **Without `trust_remote_code=True` transformers silently loads the stock `{stock}`** (same weights, none of
 the guarantees). Check with `type(model).__name__ == "{name}"`.
 """
+
+
+REWARD_KIND = (
+    "reward model: one output, `reward` (higher is preferred), trained on preference pairs with the Bradley-Terry "
+    "loss, read at the last token of the response (its eos or end-of-turn token)"
+)
+
+
+def card_kind(config) -> tuple[str, str]:
+    """(what the model card calls the model, its hub tag): a reward model has one output labelled "reward"."""
+    if config.num_labels == 1 and str((config.id2label or {}).get(0)) == "reward":
+        return REWARD_KIND, "reward-model"
+    return "sequence classifier", "text-classification"
 
 
 # Serving engines read a classifier's pooling from sentence-transformers files, not from config.json: vLLM's

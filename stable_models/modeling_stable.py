@@ -23,6 +23,7 @@ from .modeling_checks import check_inputs, user_stacklevel, warn_if_longer_than_
 from .modeling_files import (
     MODEL_CARD,
     NO_PAD_TOKEN_ID,
+    card_kind,
     check_checkpoint,
     name_the_stock_architecture,
     tokenizer_pad_token_id,
@@ -173,7 +174,11 @@ class StableSequenceClassificationMixin:
             with open(card, "w") as handle:
                 handle.write(
                     MODEL_CARD.format(
-                        name=type(self).__name__, stock=stock.__name__, pooling=self.config.classifier_pooling
+                        name=type(self).__name__,
+                        stock=stock.__name__,
+                        pooling=self.config.classifier_pooling,
+                        kind=card_kind(self.config)[0],
+                        tag=card_kind(self.config)[1],
                     )
                 )
 

@@ -118,26 +118,42 @@ class PackedCollator:
 class PackedPairCollator(PackedCollator):
     """Padding-free reward modelling: features with `chosen_input_ids` and `rejected_input_ids` (TRL's tokenized
     preference format) become packed rows of all 2N responses, with `labels` 1 for chosen and 0 for rejected, in the
-    order chosen_0, rejected_0, chosen_1, ... Use with a Stable model with num_labels=1 and
-    `Trainer(compute_loss_func=stable_models.bradley_terry_loss, data_collator=PackedPairCollator())`."""
+    order chosen_0, rejected_0, chosen_1, ..., and `margin` (one per pair) when the features have one. Use with a
+    Stable model with num_labels=1 and `Trainer(compute_loss_func=stable_models.bradley_terry_loss,
+    data_collator=PackedPairCollator())` (a `margin` needs stable_models' PairwiseTrainer, which passes it on)."""
 
     def __call__(self, features: list[dict]) -> dict:
-        responses = []
-        for feature in features:
-            responses.append({"input_ids": feature["chosen_input_ids"], "labels": torch.tensor(1)})
-            responses.append({"input_ids": feature["rejected_input_ids"], "labels": torch.tensor(0)})
-        return super().__call__(responses)
+        batch = super().__call__(pair_responses(features))
+        if "margin" in features[0]:
+            batch["margin"] = torch.tensor([float(f["margin"]) for f in features])
+        return batch
 
 
-def bradley_terry_loss(outputs, labels, num_items_in_batch=None):
-    """-log sigmoid(r_chosen - r_rejected), in fp32, averaged over pairs (over the pairs of all accumulated
-    micro-batches when Trainer passes num_items_in_batch, which counts both responses of a pair)."""
+def pair_responses(features: list[dict]) -> list[dict]:
+    """chosen_0, rejected_0, chosen_1, ... as single responses labelled 1 (chosen) and 0 (rejected)."""
+    responses = []
+    for feature in features:
+        responses.append({"input_ids": feature["chosen_input_ids"], "labels": torch.tensor(1)})
+        responses.append({"input_ids": feature["rejected_input_ids"], "labels": torch.tensor(0)})
+    return responses
+
+
+def bradley_terry_loss(outputs, labels, num_items_in_batch=None, margin=None, center_rewards=None):
+    """-log sigmoid(r_chosen - r_rejected - margin) + center_rewards * (r_chosen + r_rejected)^2 per pair (TRL's
+    RewardTrainer with a `margin` column and `center_rewards_coefficient`), in fp32, averaged over pairs: over the
+    pairs of all accumulated micro-batches (and processes) when Trainer passes num_items_in_batch, which counts both
+    responses of a pair, so micro-batches add up to the loss of one big batch."""
     rewards = outputs["logits"].squeeze(-1).float()
     labels = labels.to(rewards.device)
     chosen, rejected = rewards[labels == 1], rewards[labels == 0]
     if chosen.shape != rejected.shape:
         raise ValueError("bradley_terry_loss: labels must mark each pair's chosen (1) and rejected (0) response.")
-    losses = -F.logsigmoid(chosen - rejected)
+    difference = chosen - rejected
+    if margin is not None:
+        difference = difference - margin.to(difference)
+    losses = -F.logsigmoid(difference)
+    if center_rewards:
+        losses = losses + center_rewards * (chosen + rejected) ** 2
     if num_items_in_batch is None:
         return losses.mean()
     return losses.sum() / (num_items_in_batch / 2)

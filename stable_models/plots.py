@@ -1,12 +1,12 @@
-"""The PNG plots of an evaluation (confusion matrix, reliability diagram, training curves), drawn with matplotlib
-when it is installed (the `cli` extra); without it, no plots and a hint.
+"""The PNG plots of an evaluation (confusion matrix, reliability diagram, training curves; for a reward model the
+reward histograms), drawn with matplotlib when it is installed (the `cli` extra); without it, no plots and a hint.
 """
 
 from pathlib import Path
 
 import torch
 
-from .calibration import calibration_points
+from .calibration import calibration_points, pair_logits
 
 PLOTS_HINT = "pip install 'stable_models[cli]' for the PNG plots (matplotlib)"
 
@@ -31,30 +31,66 @@ def plot_report(report, task, names, logits, targets, folder: Path, training_log
         axes.set(xlabel="predicted", ylabel="true", title="confusion matrix")
         written.append(save_figure(figure, folder / "confusion_matrix.png"))
     if task != "regression":
-        confidence, correct = calibration_points(logits, targets, task)
-        edges = torch.linspace(0, 1, 11)
-        centres, accuracy = [], []
-        for low, high in zip(edges[:-1], edges[1:], strict=True):
-            inside = (confidence >= low) & (confidence <= high)
-            if inside.any():
-                centres.append(confidence[inside].mean().item())
-                accuracy.append(correct[inside].mean().item())
-        figure, axes = plt.subplots(figsize=(4.5, 4.5))
-        axes.plot([0, 1], [0, 1], "--", color="grey", label="perfectly calibrated")
-        axes.plot(centres, accuracy, "o-", label=f"model (ECE {report['ece']:.3f})")
-        axes.set(xlabel="confidence", ylabel="accuracy", title="reliability diagram", xlim=(0, 1), ylim=(0, 1))
-        axes.legend()
-        written.append(save_figure(figure, folder / "reliability.png"))
+        written.append(reliability_diagram(plt, logits, targets, task, report["ece"], folder))
     if training_log:
-        panels = [("loss", "training loss"), ("grad_norm", "gradient norm"), ("eval_loss", "eval loss")]
-        figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
-        for axis, (key, title) in zip(axes, panels, strict=True):
-            points = [(e["step"], e[key]) for e in training_log if key in e and e[key] is not None]
-            if points:
-                axis.plot(*zip(*points, strict=True), "o-" if len(points) < 30 else "-")
-            axis.set(xlabel="step", title=title)
-        written.append(save_figure(figure, folder / "training_curves.png"))
+        written.append(training_curves(plt, training_log, folder))
     return written
+
+
+def plot_rewards(report, chosen, rejected, folder: Path, training_log=None) -> list[str]:
+    """A reward model's plots: chosen and rejected reward histograms, the reliability of sigmoid(r_chosen -
+    r_rejected), the training curves."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    figure, axes = plt.subplots(figsize=(5.5, 3.8))
+    bins = torch.linspace(min(chosen.min(), rejected.min()).item(), max(chosen.max(), rejected.max()).item(), 31)
+    axes.hist(chosen.numpy(), bins=bins.numpy(), alpha=0.6, label="chosen")
+    axes.hist(rejected.numpy(), bins=bins.numpy(), alpha=0.6, label="rejected")
+    axes.set(xlabel="reward", ylabel="responses", title=f"rewards (pairwise accuracy {report['accuracy']:.3f})")
+    axes.legend()
+    written = [save_figure(figure, folder / "rewards.png")]
+    ones = torch.ones(len(chosen))
+    written.append(
+        reliability_diagram(
+            plt, pair_logits(chosen, rejected), ones, "single_label_classification", report["ece"], folder
+        )
+    )
+    if training_log:
+        written.append(training_curves(plt, training_log, folder))
+    return written
+
+
+def reliability_diagram(plt, logits, targets, task, ece, folder: Path) -> str:
+    confidence, correct = calibration_points(logits, targets, task)
+    edges = torch.linspace(0, 1, 11)
+    centres, accuracy = [], []
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        inside = (confidence >= low) & (confidence <= high)
+        if inside.any():
+            centres.append(confidence[inside].mean().item())
+            accuracy.append(correct[inside].mean().item())
+    figure, axes = plt.subplots(figsize=(4.5, 4.5))
+    axes.plot([0, 1], [0, 1], "--", color="grey", label="perfectly calibrated")
+    axes.plot(centres, accuracy, "o-", label=f"model (ECE {ece:.3f})")
+    axes.set(xlabel="confidence", ylabel="accuracy", title="reliability diagram", xlim=(0, 1), ylim=(0, 1))
+    axes.legend()
+    return save_figure(figure, folder / "reliability.png")
+
+
+def training_curves(plt, training_log, folder: Path) -> str:
+    panels = [("loss", "training loss"), ("grad_norm", "gradient norm"), ("eval_loss", "eval loss")]
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.5))
+    for axis, (key, title) in zip(axes, panels, strict=True):
+        points = [(e["step"], e[key]) for e in training_log if key in e and e[key] is not None]
+        if points:
+            axis.plot(*zip(*points, strict=True), "o-" if len(points) < 30 else "-")
+        axis.set(xlabel="step", title=title)
+    return save_figure(figure, folder / "training_curves.png")
 
 
 def save_figure(figure, path: Path) -> str:

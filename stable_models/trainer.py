@@ -5,11 +5,16 @@ accumulation (or across processes) the batch is spread over micro-batches, and T
 labels the whole batch holds. StableTrainer also counts their total weight, across processes when Trainer averages
 over them, and passes it to the forward as `label_weight_total`: the micro-batch losses then add up to
 `F.cross_entropy(weight=class_weights, label_smoothing=...)` on the one big batch. Everything else is Trainer's.
+
+`PairwiseTrainer` is the same for reward models: the Bradley-Terry loss on pairs, with margins and centering.
 """
+
+import functools
 
 from transformers import Trainer
 
 from .modeling_loss import total_class_weight
+from .packing import bradley_terry_loss
 
 
 class StableTrainer(Trainer):
@@ -37,3 +42,29 @@ class StableTrainer(Trainer):
         if self._label_weight_total is not None and num_items_in_batch is not None:
             inputs = {**inputs, "label_weight_total": self._label_weight_total}
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+
+class PairwiseTrainer(StableTrainer):
+    """StableTrainer for reward models on pairs (`PackedPairCollator`): the Bradley-Terry loss with each pair's
+    `margin` from the batch and `center_rewards` (TRL's center_rewards_coefficient), exact under gradient
+    accumulation and across processes (Trainer's num_items_in_batch, which counts two responses per pair)."""
+
+    def __init__(self, *args, center_rewards: float | None = None, **kwargs):
+        self.center_rewards = center_rewards
+        super().__init__(*args, compute_loss_func=bradley_terry_loss, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        margin = inputs.pop("margin", None)  # the model takes no margin: the loss does
+        self.compute_loss_func = functools.partial(
+            bradley_terry_loss, margin=margin, center_rewards=self.center_rewards
+        )
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """One row per pair, (r_chosen, r_rejected): Trainer's evaluation keeps as many rows as the eval set has
+        examples (pairs), so two rows per pair would lose the last batch's second half."""
+        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        if logits is not None:
+            logits = logits.reshape(-1, 2)  # the collators' order: chosen_0, rejected_0, chosen_1, ...
+            labels = None if labels is None else labels.reshape(-1, 2)[:, 0]
+        return loss, logits, labels

@@ -30,13 +30,21 @@ def load_engine(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="flo
 
 def stream_logits(llm, tokenizer, table, text_key, pair_key, progress=True):
     """(texts, raw logits) for every row of `table` in row order, CHUNK rows at a time."""
-    import torch
     from tqdm.auto import tqdm
-    from vllm import PoolingParams
 
-    raw = PoolingParams(use_activation=False)
     with tqdm(total=len(table), desc="scoring (vLLM)", disable=not progress, unit="row") as bar:
         for texts, ids in tokenized_chunks(tokenizer, table, text_key, pair_key, CHUNK):
-            outputs = llm.classify([{"prompt_token_ids": i} for i in ids], pooling_params=raw, use_tqdm=False)
+            logits = logits_of(llm, ids)
             bar.update(len(texts))
-            yield texts, torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
+            yield texts, logits
+
+
+def logits_of(llm, ids):
+    """Raw logits of token-id lists, in their order."""
+    import torch
+    from vllm import PoolingParams
+
+    outputs = llm.classify(
+        [{"prompt_token_ids": i} for i in ids], pooling_params=PoolingParams(use_activation=False), use_tqdm=False
+    )
+    return torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)

@@ -201,3 +201,38 @@ def test_bad_input_stops_every_rank_with_one_line(job, tmp_path):
     assert done.stderr.count("stable-models: error:") == 1 and f"{empty} is empty" in done.stderr
     assert "exitcode  : 2" in done.stderr  # torchrun's failure report: exit code 2, the one-line error's
     assert not (tmp_path / "o").exists()
+
+
+def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path):
+    """Preference pairs (margins, centering) under torchrun: the loss history of one process with the doubled batch,
+    one report, the same pairwise metrics."""
+    from test_reward_cli import chat_tokenizer, pairs
+
+    base = save_checkpoint(tmp_path / "base", "qwen2", chat_tokenizer())
+    rows = pairs("conversational-explicit", 40)
+    for i, row in enumerate(rows):
+        row["margin"] = (i % 4) / 3
+    data, held_out = write(tmp_path / "train.jsonl", rows[:32]), write(tmp_path / "eval.jsonl", rows[32:])
+    common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS, "--center-rewards", "0.01"]
+    launch(*common, "--batch-size", "4", "--output", tmp_path / "two")
+    assert cli.main([str(a) for a in common + ["--batch-size", "8", "--output", tmp_path / "one"]]) == 0
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+    assert len(train_losses(tmp_path / "two")) == 4
+    evaluation = launch("evaluate", "--model", tmp_path / "two", "--data", held_out, "--report-dir", tmp_path / "r2")
+    assert evaluation.stdout.count("preference pairs, 8") == 1
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                str(tmp_path / "two"),
+                "--data",
+                str(held_out),
+                "--report-dir",
+                str(tmp_path / "r1"),
+            ]
+        )
+        == 0
+    )
+    two, one = (json.loads((tmp_path / r / "report.json").read_text()) for r in ("r2", "r1"))
+    assert two["accuracy"] == one["accuracy"] and two["margin_mean"] == pytest.approx(one["margin_mean"], abs=1e-6)
