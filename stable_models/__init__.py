@@ -15,7 +15,6 @@ import importlib
 
 from . import modeling_stable
 from .calibration import calibrate
-from .modeling_files import check_checkpoint
 from .modeling_loss import Fp32Linear
 from .modeling_pooling import POOLING_MODES
 from .modeling_stable import StableSequenceClassificationMixin
@@ -31,6 +30,7 @@ from .registry import (
 )
 from .reward import get_reward
 from .tokenization import setup_pad_token
+from .verify import check_checkpoint, verify_folder
 
 __version__ = "0.2.0"
 
@@ -77,4 +77,5 @@ __all__ = [
     "stable_class_for",
     "supported_model_types",
     "unregister",
+    "verify_folder",
 ]

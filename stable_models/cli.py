@@ -3,6 +3,7 @@
     stable-models train --model BASE --train data.csv --label-key label --output out/clf
     stable-models evaluate --model out/clf --data test.csv --calibrate
     stable-models predict --model out/clf --data new.jsonl --output scores.jsonl
+    stable-models verify out/clf      # its code files are a stable_models release's (exit 0) or not (exit 1)
 
 Bad input (a missing column, an empty file, mixed or NaN labels, an existing --output, ...) is one line on stderr and
 exit code 2, before anything is written. Needs the `cli` extra (datasets, scikit-learn, matplotlib for the plots).
@@ -35,7 +36,7 @@ SCHEDULERS = (
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="stable-models", description=__doc__, formatter_class=HelpFormatter)
-    commands = top.add_subparsers(dest="command", metavar="{train,evaluate,predict,doctor}")
+    commands = top.add_subparsers(dest="command", metavar="{train,evaluate,predict,verify,doctor}")
 
     def data_keys(sub):
         sub.add_argument("--text-key", default="text", help="the column with the text")
@@ -141,6 +142,12 @@ def parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16", "auto"],
         help="with --engine vllm: float32 gives the torch path's scores; bfloat16 is faster on GPUs",
     )
+    v = commands.add_parser(
+        "verify",
+        help="check a folder's code files against the released stable_models code (before trust_remote_code=True)",
+        formatter_class=HelpFormatter,
+    )
+    v.add_argument("folder", help="a folder saved by a Stable class")
     commands.add_parser("doctor", help="explain NaN / wrong results of a checkpoint (doctor --help)", add_help=False)
     return top
 
@@ -149,6 +156,7 @@ REQUIRED = {
     "train": ("model", "train", "output"),
     "evaluate": ("model", "data"),
     "predict": ("model", "data", "output"),
+    "verify": (),
 }
 
 
@@ -230,6 +238,12 @@ def main(argv=None) -> int:
         return doctor(argv[1:])
     try:
         args = parse(argv)
+        if args.command == "verify":
+            from .verify import main as verify
+
+            if not os.path.isdir(args.folder):
+                raise CliError(f"{args.folder}: no such folder")
+            return verify(args.folder)
         check_cli_extra(args.command)
         with environment_restored():
             return {"train": train, "evaluate": evaluate, "predict": predict}[args.command](args)

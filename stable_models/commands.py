@@ -548,9 +548,11 @@ def train(args) -> int:
                 file=sys.stderr,
             )
         train_set, eval_set = job.main_first(lambda: tokenized_sets(args, tokenizer, model, data, job.say))
+        pairs = data.task == "preference"
+        longest = column_max(train_set, "longer") if pairs else tokenizer.model_max_length
         job.say(
-            f"[train] {len(train_set)} train / {len(eval_set)} eval examples, max length "
-            f"{tokenizer.model_max_length}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
+            f"[train] {len(train_set)} train / {len(eval_set)} eval {'pairs' if pairs else 'examples'}"
+            f", max length {longest}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
             file=sys.stderr,
         )
         if training.deepspeed and training.hf_deepspeed_config.is_zero3():

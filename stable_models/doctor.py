@@ -156,6 +156,21 @@ def check_pad_token(tokenizer, config, report):
         )
 
 
+def report_code_files(folder, report) -> None:
+    """What `stable-models verify` says about the folder's code files (what trust_remote_code=True would run)."""
+    from .verify import verify_folder
+
+    verdict = verify_folder(folder)
+    if verdict.ok:
+        report.ok(verdict.lines()[-1])
+    else:
+        report.warn(
+            f"code files: {'; '.join(verdict.problems)}",
+            "do not load it with trust_remote_code=True; stable_models.from_pretrained runs no code from the folder "
+            f"(`stable-models verify {folder}` lists every file)",
+        )
+
+
 def run_one(model, batch, alone_inputs, labels):
     """Forward and backward once; returns a dict of measurements."""
     model.train()
@@ -195,6 +210,7 @@ def diagnose(args) -> int:
     progress(f"loading tokenizer and config from {args.model}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     config = AutoConfig.from_pretrained(args.model)
+    report_code_files(args.model, report)
     if args.padding_side:
         tokenizer.padding_side = args.padding_side
     check_pad_token(tokenizer, config, report)

@@ -5,6 +5,7 @@ files vLLM reads, the pad id serving needs, and the model card.
 Part of the core copied next to a checkpoint (a class loaded as remote code saves again).
 """
 
+import hashlib
 import json
 import os
 import re
@@ -19,17 +20,29 @@ tags: [stable_models, {tag}]
 # {name}
 
 A `stable_models` {kind} (`{name}`, pooling `{pooling}`): pooling from `attention_mask`, padding-invariant
-logits, no fully masked attention rows, fp32 head, logits and loss. See https://pypi.org/project/stable_models/.
+logits, no fully masked attention rows, fp32 head, logits and loss.
 
-Load it with remote code, which this folder carries (no `stable_models` install needed):
+## Loading it
+
+With `stable_models` installed, no code from this folder runs: the class comes from the installed package.
 
 ```python
+import stable_models
+model = stable_models.from_pretrained("path/to/this/folder")
+```
+
+Without it, transformers runs this folder's code files (`modeling_*.py`) as remote code. Check first that they are
+byte-identical to a `stable_models` release's (`stable-models verify` exits 0 and names the release), and pin
+`revision=` to a commit when loading from a hub:
+
+```python
+# stable-models verify path/to/this/folder
 from transformers import AutoModelForSequenceClassification
 model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder", trust_remote_code=True)
 ```
 
-**Without `trust_remote_code=True` transformers silently loads the stock `{stock}`** (same weights, none of
-the guarantees). Check with `type(model).__name__ == "{name}"`.
+**Without either, transformers silently loads the stock `{stock}`** (same weights, none of the guarantees; it
+pools by pad id, which differs where pad == eos). Check with `type(model).__name__ == "{name}"`.
 """
 
 
@@ -44,6 +57,27 @@ def card_kind(config) -> tuple[str, str]:
     if config.num_labels == 1 and str((config.id2label or {}).get(0)) == "reward":
         return REWARD_KIND, "reward-model"
     return "sequence classifier", "text-classification"
+
+
+CODE_VERSION = "0.2.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
+
+
+def record_code_files(folder: str) -> None:
+    """config.json records the stable_models version and the sha256 of each code file save_pretrained wrote, so
+    `stable-models verify` can tell a file that changed after saving."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as handle:
+        config = json.load(handle)
+    target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+    if not target:
+        return
+    hashes = {}
+    for name in code_files(folder, target.split("--")[-1].rsplit(".", 1)[0] + ".py"):
+        with open(os.path.join(folder, name), "rb") as handle:
+            hashes[name] = hashlib.sha256(handle.read()).hexdigest()
+    config["stable_models_version"], config["stable_models_code_sha256"] = CODE_VERSION, hashes
+    with open(path, "w") as handle:
+        handle.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 # Serving engines read a classifier's pooling from sentence-transformers files, not from config.json: vLLM's

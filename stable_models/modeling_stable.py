@@ -26,6 +26,7 @@ from .modeling_files import (
     card_kind,
     check_checkpoint,
     name_the_stock_architecture,
+    record_code_files,
     tokenizer_pad_token_id,
     write_pooling_files,
 )
@@ -165,6 +166,7 @@ class StableSequenceClassificationMixin:
             return
         self.config.architectures = [self.stock_class().__name__]
         name_the_stock_architecture(str(save_directory), self.config.architectures[0])
+        record_code_files(str(save_directory))
         write_pooling_files(
             str(save_directory), self.config.classifier_pooling, self.config.get_text_config().hidden_size
         )

@@ -223,7 +223,7 @@ def encoded_pairs(table, tokenizer, layout: Layout, max_length: int):
         desc="tokenizing pairs",
     )
     kept = pairs.filter(lambda longer: [n <= max_length for n in longer], batched=True, input_columns="longer")
-    return kept.remove_columns("longer"), len(pairs) - len(kept)
+    return kept, len(pairs) - len(kept)
 
 
 def response_layout(table, text_key, path) -> tuple[str, bool, bool]:

@@ -410,3 +410,25 @@ def test_the_command_trains_as_trls_reward_trainer_and_the_stock_class_reads_the
     assert (command - trl_stable).abs().max() <= 1e-5  # ... alike (measured 2.7e-07)
     assert (stock - stock_without_eos).abs().max() <= 1e-5
     assert (stock - trl_stable).abs().max() > 1e-2  # trained on other tokens: other rewards
+
+
+def test_the_readme_reward_commands_run_as_written(base, tmp_path, monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "--group-key" in b)
+    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "pairs.jsonl", pairs("conversational-implicit", 24))
+    write(tmp_path / "test_pairs.jsonl", pairs("conversational-explicit", 8))
+    answers = [{"prompt": question(i // 3), "text": answer(i, i % 3 != 1)} for i in range(9)]
+    write(tmp_path / "answers.jsonl", answers)
+    for line in lines:
+        assert cli.main(shlex.split(line.replace("./SmolLM2-135M-Instruct", str(base)))[1:]) == 0, line
+    scored = [json.loads(line) for line in open("rewards.jsonl")]
+    assert [r["text"] for r in scored] == [a["text"] for a in answers]
+    assert sorted(r["rank"] for r in scored) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert json.loads(open("rm/evaluation/report.json").read())["calibration"]["temperature"] > 0

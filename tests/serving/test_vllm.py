@@ -205,3 +205,33 @@ def test_predict_passes_vllms_parallel_settings_through(tmp_path, monkeypatch):
     assert seen["tensor_parallel_size"] == 2 and seen["data_parallel_size"] == 3 and seen["runner"] == "pooling"
     assert seen["gpu_memory_utilization"] == 0.5 and seen["dtype"] == "float32"
     assert not (tmp_path / "p.jsonl").exists()  # nothing half-written
+
+
+def test_a_reward_model_serves_as_saved_and_predict_on_vllm_gives_the_torch_rewards(tmp_path):
+    """A reward folder (one output labelled "reward", pad == eos): `predict --engine vllm` on a preference file writes
+    the torch path's rewards and winners."""
+    from stable_models import cli
+
+    tokenizer = tiny_tokenizers.llama_pad_is_eos()
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model, _ = make_models(BY_NAME["llama"], num_labels=1, **WIDE, **ids)
+    model.config.id2label, model.config.label2id = {0: "reward"}, {"reward": 0}
+    folder = tmp_path / "reward"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    rows = [{"prompt": "the film ", "chosen": TEXTS[i % 4], "rejected": TEXTS[(i + 1) % 4]} for i in range(12)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = {}
+    for engine in ("torch", "vllm"):
+        out = tmp_path / f"{engine}.jsonl"
+        argv = ["predict", "--model", str(folder), "--data", str(data), "--output", str(out), "--engine", engine]
+        assert cli.main(argv + (["--gpu-memory-utilization", "0.5"] if engine == "vllm" else [])) == 0
+        results[engine] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["preferred"] for r in results["vllm"]] == [r["preferred"] for r in results["torch"]]
+    difference = max(
+        abs(v[key] - t[key])
+        for t, v in zip(results["torch"], results["vllm"], strict=True)
+        for key in ("reward_chosen", "reward_rejected")
+    )
+    assert difference <= 1e-4, difference
