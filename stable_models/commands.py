@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from .data import (
     split_eval,
 )
 from .distributed import Job, output_lock, refuse_if_locked
-from .plots import PLOTS_HINT, plot_report
+from .plots import plot_report, write_report
 
 
 def fast_dtype() -> str:
@@ -653,7 +654,6 @@ def evaluate(args) -> int:
 def write_evaluation(args, model, table, logits, task, names) -> None:
     """Rank 0's part of evaluate: the metrics, the calibration folded into the model, the report and its plots."""
     targets = encode_labels(table[args.label_key], task, {n: i for i, n in enumerate(names)}, args.data)
-    report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
     thresholds = getattr(model.config, "multi_label_thresholds", None)
     report = {"task": task, "labels": names, **metrics(logits, targets, task, names, thresholds)}
     if args.calibrate:
@@ -662,19 +662,7 @@ def write_evaluation(args, model, table, logits, task, names) -> None:
         report.update(metrics(logits, targets, task, names, thresholds))
         report["calibration"] = calibrated
         save_in_place(model, Path(args.model))
-    report_dir.mkdir(parents=True, exist_ok=True)
-    log = Path(args.model) / "training_log.json"
-    training_log = json.loads(log.read_text()) if log.is_file() else None
-    report["plots"] = plot_report(report, task, names, logits, targets, report_dir, training_log)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=1))
-    print(render(report))
-    if args.calibrate:
-        c = report["calibration"]
-        print(
-            f"calibrated: temperature {c['temperature']:.3f} folded into {args.model} (NLL {c['nll_before']:.4f} -> "
-            f"{c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
-        )
-    print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
+    write_report(args, report, partial(plot_report, report, task, names, logits, targets), render)
 
 
 def render(report) -> str:

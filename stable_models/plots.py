@@ -93,6 +93,26 @@ def training_curves(plt, training_log, folder: Path) -> str:
     return save_figure(figure, folder / "training_curves.png")
 
 
+def write_report(args, report, draw, render, temperature="temperature") -> None:
+    """The end of `evaluate`: the plots (`draw(report_dir, training_log)`), report.json, the printed report and what
+    --calibrate folded into the model."""
+    import json
+
+    report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    log = Path(args.model) / "training_log.json"
+    report["plots"] = draw(report_dir, json.loads(log.read_text()) if log.is_file() else None)
+    (report_dir / "report.json").write_text(json.dumps(report, indent=1))
+    print(render(report))
+    if "calibration" in report:
+        c = report["calibration"]
+        print(
+            f"calibrated: {temperature} {c['temperature']:.3f} folded into {args.model} (NLL {c['nll_before']:.4f} -> "
+            f"{c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
+        )
+    print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
+
+
 def save_figure(figure, path: Path) -> str:
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -192,7 +192,9 @@ def evaluate(args, job, model, tokenizer) -> None:
 
 
 def write_pair_evaluation(args, model, table, layout, rewards) -> None:
-    from .plots import PLOTS_HINT, plot_rewards
+    from functools import partial
+
+    from .plots import plot_rewards, write_report
 
     chosen, rejected = rewards[:, 0], rewards[:, 1]
     subsets = table["subset"] if layout.subset else None
@@ -205,20 +207,8 @@ def write_pair_evaluation(args, model, table, layout, rewards) -> None:
         report.update(pairwise_metrics(chosen, rejected, subsets))
         report["calibration"] = fitted
         save_in_place(model, Path(args.model))
-    report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
-    report_dir.mkdir(parents=True, exist_ok=True)
-    log = Path(args.model) / "training_log.json"
-    training_log = json.loads(log.read_text()) if log.is_file() else None
-    report["plots"] = plot_rewards(report, chosen, rejected, report_dir, training_log)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=1))
-    print(render_report(report))
-    if args.calibrate:
-        c = report["calibration"]
-        print(
-            f"calibrated: Bradley-Terry temperature {c['temperature']:.3f} folded into {args.model} (NLL "
-            f"{c['nll_before']:.4f} -> {c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
-        )
-    print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
+    draw = partial(plot_rewards, report, chosen, rejected)
+    write_report(args, report, draw, render_report, "Bradley-Terry temperature")
 
 
 def render_report(report) -> str:
