@@ -27,8 +27,7 @@ logits, no fully masked attention rows, fp32 head, logits and loss.
 With `stable_models` installed, no code from this folder runs: the class comes from the installed package.
 
 ```python
-import stable_models
-model = stable_models.from_pretrained("path/to/this/folder")
+{installed_load}
 ```
 
 Without it, transformers runs this folder's code files (`modeling_*.py`) as remote code. Check first that they are
@@ -45,6 +44,9 @@ model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder"
 pools by pad id, which differs where pad == eos). Check with `type(model).__name__ == "{name}"`.
 """
 
+
+# the card's snippet, one line here: this core file imports only torch, transformers and its siblings
+INSTALLED_LOAD = 'import stable_models\nmodel = stable_models.from_pretrained("path/to/this/folder")'
 
 REWARD_KIND = (
     "reward model: one output, `reward` (higher is preferred), trained on preference pairs with the Bradley-Terry "

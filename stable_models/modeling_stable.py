@@ -21,6 +21,7 @@ from transformers.utils.generic import TransformersKwargs, can_return_tuple
 
 from .modeling_checks import check_inputs, user_stacklevel, warn_if_longer_than_positions, warn_if_padded_without_mask
 from .modeling_files import (
+    INSTALLED_LOAD,
     MODEL_CARD,
     NO_PAD_TOKEN_ID,
     card_kind,
@@ -181,6 +182,7 @@ class StableSequenceClassificationMixin:
                         pooling=self.config.classifier_pooling,
                         kind=card_kind(self.config)[0],
                         tag=card_kind(self.config)[1],
+                        installed_load=INSTALLED_LOAD,
                     )
                 )
 

@@ -20,8 +20,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import stable_models
 from stable_models import calibration, cli, data
-from stable_models.commands import decoder_layer_linears
 from stable_models.data import encoded, read_table
+from stable_models.training_setup import decoder_layer_linears
 
 pandas = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")

@@ -1,0 +1,268 @@
+"""The training set-up of `stable-models train`: the base model (4-bit with --qlora), LoRA adapters, TrainingArguments
+(--deepspeed, --fsdp, evaluation and checkpoints), the Trainer with its collator, sampler and callbacks, and the
+merged model it saves. commands.train runs these steps in order.
+"""
+
+import contextlib
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .calibration import metrics
+from .data import CliError
+
+
+def decoder_layer_linears(model) -> list[str]:
+    """The names LoRA targets: every linear layer inside the decoder layers (attention and MLP; GPT-2's Conv1D
+    included), for any architecture."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.pytorch_utils import Conv1D
+
+    names = set()
+    for layer in (m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)):
+        names |= {n.split(".")[-1] for n, m in layer.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
+    if not names:
+        raise CliError(f"{type(model).__name__}: no linear layers in its decoder layers for LoRA; pass --full")
+    return sorted(names)
+
+
+def load_base_model(args, load: dict, dtype: str):
+    """The Stable classifier on --model: fp32, or 4-bit base weights with --qlora; a GGUF file dequantized."""
+    import transformers
+
+    import stable_models
+
+    quantized = dict(load)
+    if args.qlora:
+        compute = torch.bfloat16 if dtype == "bf16" else torch.float32
+        quantized["quantization_config"] = transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+        )
+        quantized["device_map"] = "auto" if torch.cuda.is_available() else "cpu"
+    try:
+        model = stable_models.from_pretrained(args.model, **quantized)
+    except ValueError as error:
+        raise CliError(f"--model {args.model}: {str(error).splitlines()[0]}") from None
+    if args.gguf_file:  # dequantized on load: a plain fp32 model, saved without GGUF quantization settings
+        model.hf_quantizer, model.is_quantized = None, False
+        model.config.__dict__.pop("quantization_config", None)
+    if args.qlora:
+        keep_4bit_weights_trainable(model)
+    return model
+
+
+def keep_4bit_weights_trainable(model) -> None:
+    """bitsandbytes (0.50) on CPUs with AVX512-BF16 repacks a 4-bit layer's weights for inference at its first no-grad
+    forward (Trainer's evaluation) and keeps them so; the next training step then fails in that inference kernel
+    ("a view of a leaf Variable ... in-place"). Training keeps the training layout: this model's layers skip it."""
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
+
+
+def with_adapters(model, args):
+    """LoRA on every linear layer of the decoder layers (after k-bit preparation with --qlora); --full: unchanged."""
+    if args.full:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    if args.qlora:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    targets = [name.strip() for name in args.lora_target.split(",")] if args.lora_target else None
+    lora = LoraConfig(
+        task_type="SEQ_CLS",
+        r=args.lora_r,
+        lora_alpha=2 * args.lora_r,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets or decoder_layer_linears(model),
+    )
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # peft names the targets it did not find
+        raise CliError(f"--lora-target {args.lora_target}: {str(error).splitlines()[0]}") from None
+
+
+DEEPSPEED_STAGES = {"zero2": 2, "zero3": 3}
+
+
+def deepspeed_config(value: str | None) -> dict | str | None:
+    """--deepspeed: a built-in ZeRO-2 / ZeRO-3 config ("auto" values filled in by transformers from the command's
+    own options), or the user's JSON file as it is."""
+    if value is None:
+        return None
+    if value not in DEEPSPEED_STAGES:
+        if not Path(value).is_file():
+            raise CliError(f"--deepspeed {value}: neither zero2, zero3 nor a DeepSpeed JSON config file")
+        return value
+    if importlib.util.find_spec("deepspeed") is None:
+        raise CliError(f"--deepspeed {value} needs DeepSpeed: pip install deepspeed")
+    zero = {"stage": DEEPSPEED_STAGES[value], "overlap_comm": False}
+    if value == "zero3":
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # a saved model is whole, not 0-element tensors
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,  # transformers' AdamW, which also runs on CPU
+        "zero_force_ds_cpu_optimizer": False,
+    }
+
+
+def fsdp_options(enabled: bool) -> dict:
+    """--fsdp: FSDP full sharding of the decoder layers; transformers' Trainer runs FSDP on GPUs only."""
+    if not enabled:
+        return {}
+    if not torch.cuda.is_available():
+        raise CliError("--fsdp needs GPUs (transformers' Trainer runs FSDP on CUDA only); on CPU use --deepspeed zero3")
+    return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"use_orig_params": True}}
+
+
+def training_arguments(args, data, dtype: str, checkpoints: Path):
+    """TrainingArguments of a run: evaluation and checkpoints five times per run, the best restored at the end,
+    and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
+    is built."""
+    from transformers import TrainingArguments
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
+    total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
+    eval_steps = args.eval_steps or max(1, total_steps // 5)
+    if args.deepspeed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import deepspeed
+
+        deepspeed.init_distributed()  # DeepSpeed's view of the process group the Job opened (else: world size 1)
+    return TrainingArguments(
+        output_dir=str(checkpoints),
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=2 * args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.lr or (2e-5 if args.full else 2e-4),
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps or -1,
+        warmup_steps=int(total_steps * args.warmup_ratio) or (1 if args.warmup_ratio else 0),
+        lr_scheduler_type=args.scheduler,
+        weight_decay=args.weight_decay,
+        gradient_checkpointing=args.gradient_checkpointing,
+        # reentrant checkpointing (transformers 4.x's default) passes no gradient to LoRA: its inputs need none
+        gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
+        eval_strategy="steps",
+        eval_steps=eval_steps,
+        save_strategy="steps",
+        save_steps=eval_steps,
+        save_total_limit=2,
+        load_best_model_at_end=True,
+        metric_for_best_model={"regression": "mse", "preference": "accuracy"}.get(data.task, "f1_macro"),
+        greater_is_better=data.task != "regression",
+        logging_steps=max(1, min(eval_steps, total_steps // 20)),
+        seed=args.seed,
+        bf16=dtype == "bf16",
+        use_cpu=not torch.cuda.is_available(),
+        report_to=[],
+        remove_unused_columns=False,
+        label_names=["labels"],
+        disable_tqdm=False,
+        deepspeed=deepspeed_config(args.deepspeed),
+        **fsdp_options(args.fsdp),
+    )
+
+
+class ModelInputs:
+    """A collator that passes on only what the model takes (the `length` column is for the sampler)."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features):
+        return self.collator([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features])
+
+
+def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
+    """StableTrainer with packing (padding for recurrent models or --no-packing), StopOnNonFinite and early
+    stopping."""
+    from transformers import DataCollatorWithPadding, EarlyStoppingCallback
+
+    import stable_models
+
+    from .modeling_rules import recurrent_layer_kinds
+    from .trainer import StableTrainer
+    from .training import StopOnNonFinite
+
+    packing = not (recurrent_layer_kinds(model.config) or args.no_packing)
+    callbacks = [StopOnNonFinite()]
+    if args.early_stopping:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping))
+
+    def compute_metrics(prediction):
+        report = metrics(torch.as_tensor(prediction.predictions), prediction.label_ids, data.task, data.names)
+        return {k: v for k, v in report.items() if isinstance(v, float)}
+
+    extra = {}
+    if data.task == "preference":
+        from .rewards import compute_pair_metrics, pair_collator
+        from .trainer import PairwiseTrainer
+
+        base, collator, compute_metrics = PairwiseTrainer, pair_collator(tokenizer, packing), compute_pair_metrics
+        extra["center_rewards"] = args.center_rewards
+    else:
+        base = StableTrainer
+        collator = ModelInputs(
+            stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
+            if packing
+            else DataCollatorWithPadding(tokenizer)
+        )
+
+    class LengthGroupedTrainer(base):
+        def _get_train_sampler(self, *args, **kwargs):
+            """Batches of similar length (less padding, fuller packed rows), grouped per optimizer step over all
+            processes: N processes with batch B see the steps one process with batch N x B sees."""
+            from transformers.trainer_pt_utils import LengthGroupedSampler
+
+            step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+            lengths = self.train_dataset.with_format("arrow")["length"].to_pylist()
+            return LengthGroupedSampler(step * self.args.world_size, lengths=lengths)
+
+    return LengthGroupedTrainer(
+        model=model,
+        args=training,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        data_collator=collator,
+        compute_metrics=compute_metrics,
+        callbacks=callbacks,
+        **extra,
+    )
+
+
+def merged_model(model, args, load: dict, tokenizer, checkpoints: Path):
+    """The trained model as one plain checkpoint: LoRA merged into the base; with --qlora merged into the
+    full-precision base, not into 4-bit weights."""
+    if args.qlora:
+        from peft import PeftModel
+
+        import stable_models
+
+        model.save_pretrained(checkpoints / "adapter")
+        base = stable_models.from_pretrained(args.model, **load)
+        if len(tokenizer) > base.get_input_embeddings().num_embeddings:  # setup_pad_token added a pad row
+            base.resize_token_embeddings(len(tokenizer))  # (peft saved the resized embeddings with the adapter)
+        base.config.pad_token_id = tokenizer.pad_token_id
+        model = PeftModel.from_pretrained(base, checkpoints / "adapter")
+    return model if args.full else model.merge_and_unload()
+
+
+def zero3_gathered(model, training):
+    """Under ZeRO-3 every rank holds a slice of each parameter: gather them (all ranks take part) so rank 0 can merge
+    and save a whole model. Elsewhere: nothing to do."""
+    if not (training.deepspeed and training.hf_deepspeed_config.is_zero3()):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
