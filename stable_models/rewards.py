@@ -52,7 +52,7 @@ def read_pairs(table, path, say=print):
     identical = check_pairs(table, layout, path)
     if identical:
         say(
-            f"[train] warning: {path}: chosen equals rejected in {identical} pair(s); they teach nothing (loss log 2 "
+            f"warning: {path}: chosen equals rejected in {identical} pair(s); they teach nothing (loss log 2 "
             "at any reward) and count as wrong in the accuracy",
             file=sys.stderr,
         )
@@ -263,8 +263,6 @@ def predict(args, job, model, tokenizer, llm=None) -> None:
 
 def write_rewards(output: Path, table, kind, layout, rewards, group_key) -> None:
     """Rank 0 writes the rows in input order into a part file, moved onto --output when complete."""
-    import csv
-
     ranks = None
     if group_key:
         import pandas
@@ -277,8 +275,19 @@ def write_rewards(output: Path, table, kind, layout, rewards, group_key) -> None
     copied = list(dict.fromkeys(copied))
     scores = ["reward_chosen", "reward_rejected", "preferred", "probability_chosen"] if kind == "pairs" else ["reward"]
     scores += ["rank"] if ranks is not None else []
+    try:
+        write_rows(part, output.suffix, table, kind, copied, scores, rewards, ranks)
+    except BaseException:
+        part.unlink(missing_ok=True)  # nothing half-written is left behind
+        raise
+    os.replace(part, output)
+
+
+def write_rows(part: Path, suffix, table, kind, copied, scores, rewards, ranks) -> None:
+    import csv
+
     with open(part, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=copied + scores) if output.suffix == ".csv" else None
+        writer = csv.DictWriter(handle, fieldnames=copied + scores) if suffix == ".csv" else None
         if writer:
             writer.writeheader()
         row = 0
@@ -303,4 +312,3 @@ def write_rewards(output: Path, table, kind, layout, rewards, group_key) -> None
                 else:
                     handle.write(json.dumps(record, ensure_ascii=False) + "\n")
                 row += 1
-    os.replace(part, output)

@@ -432,3 +432,21 @@ def test_the_readme_reward_commands_run_as_written(base, tmp_path, monkeypatch):
     assert [r["text"] for r in scored] == [a["text"] for a in answers]
     assert sorted(r["rank"] for r in scored) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert json.loads(open("rm/evaluation/report.json").read())["calibration"]["temperature"] > 0
+
+
+def test_a_failed_reward_predict_leaves_no_file(reward_model, tmp_path, monkeypatch):
+    from stable_models import rewards
+
+    folder, _ = reward_model
+    data = write(tmp_path / "pairs.jsonl", pairs("conversational-explicit", 3))
+    real = rewards.write_rows
+
+    def fail_midway(part, *args):
+        real(part, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rewards, "write_rows", fail_midway)
+    output = tmp_path / "out.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        run("predict", "--model", folder, "--data", data, "--output", output)
+    assert list(tmp_path.glob("out.jsonl*")) == []
