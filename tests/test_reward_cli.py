@@ -450,3 +450,23 @@ def test_a_failed_reward_predict_leaves_no_file(reward_model, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         run("predict", "--model", folder, "--data", data, "--output", output)
     assert list(tmp_path.glob("out.jsonl*")) == []
+
+
+def test_a_reward_run_keeps_the_best_pairwise_accuracy_and_resumes(base, tmp_path, monkeypatch):
+    """The best checkpoint is chosen by pairwise accuracy (early stopping watches the same metric), and --resume
+    continues from the last checkpoint."""
+    data = write(tmp_path / "train.jsonl", pairs("explicit", 40))
+    output = tmp_path / "rm"
+    common = ["--model", base, "--train", data, "--output", output, "--dtype", "fp32", "--eval-steps", "2"]
+    common += ["--batch-size", "4", "--lr", "5e-3", "--early-stopping", "2"]
+    assert run("train", *common, "--max-steps", "4") == 0
+    state = json.loads(next((output / "checkpoints").glob("checkpoint-4")).joinpath("trainer_state.json").read_text())
+    assert state["best_metric"] == max(e["eval_accuracy"] for e in state["log_history"] if "eval_accuracy" in e)
+    from transformers import Trainer
+
+    done, step = [], Trainer.training_step
+    monkeypatch.setattr(Trainer, "training_step", lambda self, *a, **k: done.append(1) or step(self, *a, **k))
+    assert run("train", *common, "--max-steps", "6", "--resume") == 0
+    assert len(done) == 2  # steps 5 and 6: resumed from checkpoint-4, not started over
+    steps = [e["step"] for e in json.loads((output / "training_log.json").read_text()) if "loss" in e]
+    assert steps[-1] == 6
