@@ -173,14 +173,14 @@ class LabelledData:
         return {name: i for i, name in enumerate(self.names)}
 
 
-def read_training_data(args) -> LabelledData:
+def read_training_data(args, say=print) -> LabelledData:
     """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two classes,
     every eval label known. Preference pairs (TRL's layouts) where --task says so or the columns do."""
     from .rewards import wants_preference
 
     table = read_table(args.train)
     if wants_preference(table, args.task):
-        return read_preference_data(args, table)
+        return read_preference_data(args, table, say)
     task = labelled(table, args, args.train)
     if args.eval:
         eval_table = read_table(args.eval)
@@ -197,14 +197,14 @@ def read_training_data(args) -> LabelledData:
     return LabelledData(table, eval_table, task, names)
 
 
-def read_preference_data(args, table) -> LabelledData:
+def read_preference_data(args, table, say=print) -> LabelledData:
     """--train (and --eval, or a held-out --eval-fraction) as checked preference pairs of one layout."""
     from .rewards import REWARD, read_pairs
 
-    layouts = [read_pairs(table, args.train)]
+    layouts = [read_pairs(table, args.train, say)]
     if args.eval:
         eval_table = read_table(args.eval)
-        layouts.append(read_pairs(eval_table, args.eval))
+        layouts.append(read_pairs(eval_table, args.eval, say))
     else:
         table, eval_table = split_eval(table, args.eval_fraction, args.seed)
         layouts.append(layouts[0])
@@ -281,7 +281,7 @@ def train(args) -> int:
     if args.full and args.qlora:
         raise CliError("--full and --qlora exclude each other")
     check_model_path(args.model, args.gguf_file)
-    data = job.main_first(lambda: read_training_data(args))  # the first reader fills datasets' Arrow cache
+    data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
     transformers.set_seed(args.seed)
     dtype = fast_dtype() if args.dtype == "auto" else args.dtype
     load = loading_options(args, data)

@@ -212,9 +212,11 @@ def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path)
     rows = pairs("conversational-explicit", 40)
     for i, row in enumerate(rows):
         row["margin"] = (i % 4) / 3
+    rows[0]["rejected"] = rows[0]["chosen"]  # one identical pair: warned about once, by rank 0
     data, held_out = write(tmp_path / "train.jsonl", rows[:32]), write(tmp_path / "eval.jsonl", rows[32:])
     common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS, "--center-rewards", "0.01"]
-    launch(*common, "--batch-size", "4", "--output", tmp_path / "two")
+    trained = launch(*common, "--batch-size", "4", "--output", tmp_path / "two")
+    assert trained.stderr.count("chosen equals rejected in 1 pair(s)") == 1
     assert cli.main([str(a) for a in common + ["--batch-size", "8", "--output", tmp_path / "one"]]) == 0
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
     assert len(train_losses(tmp_path / "two")) == 4
