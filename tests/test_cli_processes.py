@@ -118,7 +118,8 @@ def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
     output = tmp_path / "busy"
     command = [sys.executable, "-m", "stable_models", "train", "--model", base, "--train", data, "--output", output]
     first = subprocess.Popen(
-        [*map(str, command), "--max-steps", "400", "--eval-steps", "400", "--batch-size", "2"],
+        # a run that cannot end before it is killed, however slow the second one is to start on a busy machine
+        [*map(str, command), "--max-steps", "1000000", "--eval-steps", "1000000", "--batch-size", "2"],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -132,7 +133,8 @@ def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
         second = subprocess.run(
             [*map(str, command), "--overwrite", "--max-steps", "1"], capture_output=True, text=True, timeout=300
         )
-        assert second.returncode == 2
+        assert first.poll() is None, "the first run ended while the second started: the race was not run"
+        assert second.returncode == 2, second.stderr[-3000:]
         last = second.stderr.strip().splitlines()[-1]
         assert "is being written by another stable-models train (pid" in last and str(first.pid) in last, last
     finally:
