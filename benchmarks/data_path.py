@@ -3,12 +3,14 @@
 
     .venv/bin/python benchmarks/data_path.py    # train at 10k, 100k, 1M; evaluate / predict and the old path to 100k
     .venv/bin/python benchmarks/data_path.py --sizes 2000 --old-max 2000 --commands train   # a quick look
+    .venv/bin/python benchmarks/data_path.py --pairs --sizes 100000   # a reward model on preference pairs
 
-A tiny random Llama (hidden 32, 2 layers) and a word-level tokenizer, so the model costs little and the data path
-is what is measured; rows of 50-250 words, 3 string labels, as CSV. `train` holds out 1 % for its evaluations (both
-paths alike), so scoring the held-out rows does not swamp the figure. Memory is the peak of the command's process
-tree (tokenizer workers included), sampled every 100 ms; each command starts with an empty datasets cache, so the
-Arrow conversion is inside the figure.
+A tiny random Llama (hidden 32, 2 layers) and a word-level tokenizer, so the model costs little and the data path is
+what is measured; rows of 50-250 words, 3 string labels, as CSV. With --pairs: JSON lines of TRL's explicit-prompt
+preference layout (a prompt of 20-60 words, chosen and rejected responses of 25-120 words each), the new path only.
+`train` holds out 1 % for its evaluations (both paths alike), so scoring the held-out rows does not swamp the
+figure. Memory is the peak of the command's process tree (tokenizer workers included), sampled every 100 ms; each
+command starts with an empty datasets cache, so the Arrow conversion is inside the figure.
 """
 
 import argparse
@@ -77,6 +79,18 @@ def make_csv(path: Path, rows: int, seed: int = 0) -> None:
             handle.write(f"{' '.join(words)},{rng.choice(LABELS)}\n")
 
 
+def make_pairs(path: Path, rows: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+
+    def words(low: int, high: int) -> str:
+        return " ".join(rng.choices(WORDS, k=rng.randint(low, high)))
+
+    with open(path, "w") as handle:
+        for _ in range(rows):
+            row = {"prompt": words(20, 60), "chosen": words(25, 120), "rejected": words(25, 120)}
+            handle.write(json.dumps(row) + "\n")
+
+
 def measure(command: list[str], env: dict) -> dict:
     """Wall seconds and the peak memory (GB) of the command's process tree: the summed PSS (proportional set size:
     a page shared by the tokenizer workers and their parent, or mapped from the Arrow file by several of them, counts
@@ -117,6 +131,7 @@ def main() -> None:
     parser.add_argument("--score-max", type=int, default=100_000, help="largest size evaluate and predict run at")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "stable-models-data-path"))
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--pairs", action="store_true", help="preference pairs (a reward model), the new path only")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -126,16 +141,16 @@ def main() -> None:
         subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(old), args.old_ref], check=True)
     if not (work / "model" / "config.json").exists():
         make_model(work / "model")
-    paths = {"old (lists)": old, "new (Arrow)": root}
+    paths = {"new (Arrow)": root} if args.pairs else {"old (lists)": old, "new (Arrow)": root}
     results = []
     for size in args.sizes:
-        data = work / f"rows-{size}.csv"
+        data = work / (f"pairs-{size}.jsonl" if args.pairs else f"rows-{size}.csv")
         if not data.exists():
-            make_csv(data, size)
+            (make_pairs if args.pairs else make_csv)(data, size)
         for name, code in paths.items():
             if name.startswith("old") and size > args.old_max:
                 continue
-            out = work / f"out-{size}-{name.split()[0]}"
+            out = work / f"out-{size}-{name.split()[0]}{'-pairs' if args.pairs else ''}"
             for command in args.commands:
                 if command != "train" and size > args.score_max:
                     continue  # the tiny model scores ~500 rows/s on 2 cores: 1M rows would take over half an hour
