@@ -470,3 +470,37 @@ def test_a_reward_run_keeps_the_best_pairwise_accuracy_and_resumes(base, tmp_pat
     assert len(done) == 2  # steps 5 and 6: resumed from checkpoint-4, not started over
     steps = [e["step"] for e in json.loads((output / "training_log.json").read_text()) if "loss" in e]
     assert steps[-1] == 6
+
+
+def test_a_qlora_reward_model_trains_4bit_and_saves_a_full_precision_reward_model(tmp_path):
+    """--qlora on preference pairs: the pair trainer runs on the 4-bit base, and the folder is a plain reward model."""
+    pytest.importorskip("bitsandbytes")
+    from architectures import BY_NAME, make_config
+    from safetensors.torch import load_file
+
+    tokenizer = chat_tokenizer()
+    arch = BY_NAME["qwen2"]
+    config = make_config(arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, hidden_size=64)
+    config.intermediate_size = 128  # bitsandbytes packs 64-wide rows
+    torch.manual_seed(0)
+    arch.causal_lm_class(config).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    data = write(tmp_path / "train.jsonl", pairs("conversational-explicit", 32))
+    output = tmp_path / "rm"
+    assert run("train", "--model", tmp_path / "base", "--train", data, "--output", output, "--qlora", *FAST) == 0
+    saved = json.loads((output / "config.json").read_text())
+    assert saved["id2label"] == {"0": "reward"} and "quantization_config" not in saved
+    weights = load_file(output / "model.safetensors")
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (64, 64)  # full precision, not packed 4-bit
+    assert weights["score.weight"].shape == (1, 64) and not any("lora" in key for key in weights)
+    log = json.loads((output / "training_log.json").read_text())
+    losses = [entry["loss"] for entry in log if "loss" in entry and "train_runtime" not in entry]
+    assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses)
+    metrics = json.loads((output / "eval_metrics.json").read_text())
+    assert 0 <= metrics["accuracy"] <= 1 and math.isfinite(metrics["margin_mean"])
+    model = stable_models.from_pretrained(output)
+    table = datasets.Dataset.from_list(pairs("conversational-explicit", 2))
+    ids = encoded_pairs(table, tokenizer, preference_layout(table, "rows"), 10**9)[0]["chosen_input_ids"]
+    with torch.no_grad():
+        rewards = torch.cat([model(torch.tensor([row])).logits for row in ids])
+    assert rewards.shape == (2, 1) and torch.isfinite(rewards).all()
