@@ -2,6 +2,7 @@
 reward histograms), drawn with matplotlib when it is installed (the `cli` extra); without it, no plots and a hint.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -96,8 +97,6 @@ def training_curves(plt, training_log, folder: Path) -> str:
 def write_report(args, report, draw, render, temperature="temperature") -> None:
     """The end of `evaluate`: the plots (`draw(report_dir, training_log)`), report.json, the printed report and what
     --calibrate folded into the model."""
-    import json
-
     report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
     report_dir.mkdir(parents=True, exist_ok=True)
     log = Path(args.model) / "training_log.json"

@@ -8,6 +8,7 @@ differs for preference data. A reward model is a Stable classifier with one outp
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -192,8 +193,6 @@ def evaluate(args, job, model, tokenizer) -> None:
 
 
 def write_pair_evaluation(args, model, table, layout, rewards) -> None:
-    from functools import partial
-
     from .plots import plot_rewards, write_report
 
     chosen, rejected = rewards[:, 0], rewards[:, 1]

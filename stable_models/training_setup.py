@@ -135,7 +135,7 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
     steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
     total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
     eval_steps = args.eval_steps or max(1, total_steps // 5)
-    if args.deepspeed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if args.deepspeed and world > 1:
         import deepspeed
 
         deepspeed.init_distributed()  # DeepSpeed's view of the process group the Job opened (else: world size 1)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from architectures import BY_NAME, make_config
+from architectures import BY_NAME
 from safetensors.torch import load_file
-from test_doctor import save_checkpoint
+from test_doctor import QLORA_SIZES, save_checkpoint
 from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -444,17 +444,9 @@ def test_the_preflight_stops_a_checkpoint_with_nan_weights_before_step_1(tmp_pat
 
 def test_qlora_trains_4bit_and_saves_a_full_precision_merged_model(tmp_path):
     pytest.importorskip("bitsandbytes")
-    tokenizer = qwen2_like()
-    arch = BY_NAME["qwen2"]
-    config = make_config(arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, hidden_size=64)
-    config.intermediate_size = 128  # bitsandbytes packs 64-wide rows
-    torch.manual_seed(0)
-    arch.causal_lm_class(config).save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
+    base = save_checkpoint(tmp_path / "base", "qwen2", qwen2_like(), **QLORA_SIZES)
     data = write(tmp_path / "train.jsonl", rows("string"))
-    assert (
-        run("train", "--model", tmp_path / "base", "--train", data, "--output", tmp_path / "m", "--qlora", *FAST) == 0
-    )
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", "--qlora", *FAST) == 0
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert "quantization_config" not in saved
     weights = load_file(tmp_path / "m" / "model.safetensors")

@@ -15,12 +15,19 @@ from tiny_tokenizers import gemma_like, llama_pad_is_eos, qwen2_like
 
 from stable_models import cli
 
+QLORA_SIZES = {"hidden_size": 64, "intermediate_size": 128}  # bitsandbytes packs 64-wide rows
 
-def save_checkpoint(folder, arch_name, tokenizer, poison=False):
+
+def save_checkpoint(folder, arch_name, tokenizer, poison=False, **overrides):
+    """A tiny random causal LM of the architecture and its tokenizer; `overrides` change its config."""
     arch = BY_NAME[arch_name]
     torch.manual_seed(0)
     config = make_config(
-        arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+        arch,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **overrides,
     )
     model = arch.causal_lm_class(config)
     if poison:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_doctor import save_checkpoint
+from test_doctor import QLORA_SIZES, save_checkpoint
 from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -475,19 +475,13 @@ def test_a_reward_run_keeps_the_best_pairwise_accuracy_and_resumes(base, tmp_pat
 def test_a_qlora_reward_model_trains_4bit_and_saves_a_full_precision_reward_model(tmp_path):
     """--qlora on preference pairs: the pair trainer runs on the 4-bit base, and the folder is a plain reward model."""
     pytest.importorskip("bitsandbytes")
-    from architectures import BY_NAME, make_config
     from safetensors.torch import load_file
 
     tokenizer = chat_tokenizer()
-    arch = BY_NAME["qwen2"]
-    config = make_config(arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, hidden_size=64)
-    config.intermediate_size = 128  # bitsandbytes packs 64-wide rows
-    torch.manual_seed(0)
-    arch.causal_lm_class(config).save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
+    base = save_checkpoint(tmp_path / "base", "qwen2", tokenizer, **QLORA_SIZES)
     data = write(tmp_path / "train.jsonl", pairs("conversational-explicit", 32))
     output = tmp_path / "rm"
-    assert run("train", "--model", tmp_path / "base", "--train", data, "--output", output, "--qlora", *FAST) == 0
+    assert run("train", "--model", base, "--train", data, "--output", output, "--qlora", *FAST) == 0
     saved = json.loads((output / "config.json").read_text())
     assert saved["id2label"] == {"0": "reward"} and "quantization_config" not in saved
     weights = load_file(output / "model.safetensors")
