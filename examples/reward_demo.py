@@ -70,7 +70,7 @@ def compare_with_the_stock_class(folder: Path, test: Path):
     it pools the token before the eos that ends each response, not the eos the reward model was trained to read."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from stable_models.preference import rendered_ids
+    from stable_models.cli.preference_data import rendered_ids
 
     stable = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
     stock = AutoModelForSequenceClassification.from_pretrained(folder).eval()  # the class config.json names

@@ -5,77 +5,64 @@ rerankers) for transformers.
 transformers that the rules in `modeling_rules` accept: its stock `<Name>ForSequenceClassification` (Qwen2, Gemma2,
 GPT-2, ...) or, for a causal LM without one, the classifier transformers would write for it (Gemma 4, Llama 4,
 Granite, ...). `supported_model_types()` lists them; `registry.refused_model_types()` says why the others get none.
-Each class is built on first use. Around them: packing collators, a Trainer that keeps weighted losses exact, the
-`stable-models` commands (train / evaluate / predict / doctor) and public calibration (`calibrate`).
-Importing this package changes nothing global: no transformers class or registry is patched, and no architecture's
-modeling code is imported.
+Around them: packing collators, losses and Trainers that stay exact under gradient accumulation, calibration
+(`calibrate`), and the `stable-models` command line (the `stable_models.cli` package, which this library never
+imports).
+
+Every public name is resolved on first use, so `import stable_models` imports neither torch nor transformers (the
+command line's `--help` stays instant). Importing it changes nothing global: no transformers class or registry is
+patched, and no architecture's modeling code is imported.
 """
 
 import importlib
-
-from . import modeling_stable
-from .calibration import calibrate
-from .modeling_loss import Fp32Linear
-from .modeling_pooling import POOLING_MODES
-from .modeling_stable import StableSequenceClassificationMixin
-from .packing import PackedCollator, PackedPairCollator, bradley_terry_loss
-from .registry import (
-    STABLE_CLASSES,
-    from_pretrained,
-    register,
-    registered,
-    stable_class_for,
-    supported_model_types,
-    unregister,
-)
-from .reward import get_reward
-from .tokenization import setup_pad_token
-from .verify import check_checkpoint, verify_folder
+import importlib.util
 
 __version__ = "0.2.0"
 
-
-# imported on first use: they subclass transformers' Trainer and TrainerCallback, whose import pulls in peft,
-# accelerate and bitsandbytes (seconds, and bitsandbytes may print to stderr)
-LAZY = {
-    "StableTrainer": "trainer",
-    "PairwiseTrainer": "trainer",
-    "NonFiniteError": "training",
-    "NonFiniteGuard": "training",
-    "StopOnNonFinite": "training",
+# public name -> the module that defines it
+PUBLIC = {
+    "POOLING_MODES": "modeling_pooling",
+    "StableSequenceClassificationMixin": "modeling_stable",
+    "Fp32Linear": "modeling_loss",
+    "STABLE_CLASSES": "registry",
+    "from_pretrained": "registry",
+    "register": "registry",
+    "registered": "registry",
+    "stable_class_for": "registry",
+    "supported_model_types": "registry",
+    "unregister": "registry",
+    "PackedCollator": "packing",
+    "PackedPairCollator": "packing",
+    "bradley_terry_loss": "losses",
+    "StableTrainer": "trainers",
+    "PairwiseTrainer": "trainers",
+    "NonFiniteError": "guards",
+    "NonFiniteGuard": "guards",
+    "StopOnNonFinite": "guards",
+    "calibrate": "calibration",
+    "get_reward": "reward",
+    "setup_pad_token": "tokenization",
+    "check_checkpoint": "verify",
+    "verify_folder": "verify",
 }
 
 
 def __getattr__(name: str):
-    """`stable_models.StableQwen3MoeForSequenceClassification` and the like, built on first use; the trainer and
-    training callbacks imported on first use."""
-    if name in LAZY:
-        return getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
-    return getattr(modeling_stable, name)
+    """The public names, and `stable_models.StableQwen3MoeForSequenceClassification` and the like (built by
+    modeling_stable on first use), imported when first asked for."""
+    if name in PUBLIC:
+        value = getattr(importlib.import_module(f".{PUBLIC[name]}", __name__), name)
+        globals()[name] = value  # looked up once
+        return value
+    if name.startswith("Stable"):
+        return getattr(importlib.import_module(".modeling_stable", __name__), name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # `stable_models.registry` without importing it
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "POOLING_MODES",
-    "STABLE_CLASSES",
-    "Fp32Linear",
-    "NonFiniteError",
-    "NonFiniteGuard",
-    "PackedCollator",
-    "PackedPairCollator",
-    "PairwiseTrainer",
-    "StableSequenceClassificationMixin",
-    "StableTrainer",
-    "StopOnNonFinite",
-    "bradley_terry_loss",
-    "calibrate",
-    "check_checkpoint",
-    "from_pretrained",
-    "get_reward",
-    "register",
-    "registered",
-    "setup_pad_token",
-    "stable_class_for",
-    "supported_model_types",
-    "unregister",
-    "verify_folder",
-]
+def __dir__():
+    return sorted(set(globals()) | set(PUBLIC))
+
+
+__all__ = sorted(PUBLIC)

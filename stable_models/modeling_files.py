@@ -201,7 +201,7 @@ def code_files(folder: str, first: str) -> list[str]:
     return found
 
 
-def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | None = None) -> None:
+def check_saved_folder(folder: str, require_auto_map: bool = True, pooling: str | None = None) -> None:
     """Raise a ValueError naming the file and the fix if a saved folder cannot load as a Stable model.
 
     Checks config.json, the classifier_pooling value (unless `pooling` overrides it), every weights file and, with

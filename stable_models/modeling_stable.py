@@ -25,7 +25,7 @@ from .modeling_files import (
     MODEL_CARD,
     NO_PAD_TOKEN_ID,
     card_kind,
-    check_checkpoint,
+    check_saved_folder,
     name_the_stock_architecture,
     record_code_files,
     tokenizer_pad_token_id,
@@ -123,7 +123,7 @@ class StableSequenceClassificationMixin:
             and not kwargs.get("gguf_file")  # the weights and config are in that file
         ):
             subfolder = kwargs.get("subfolder") or ""
-            check_checkpoint(
+            check_saved_folder(
                 os.path.join(pretrained_model_name_or_path, subfolder),
                 require_auto_map=False,
                 pooling=kwargs.get("pooling"),

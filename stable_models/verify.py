@@ -14,8 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .modeling_files import CODE_VERSION, code_files
-from .modeling_files import check_checkpoint as check_folder
+from .modeling_files import CODE_VERSION, check_saved_folder, code_files
 
 MANIFEST = Path(__file__).with_name("code_hashes.json")
 RECORDED = "stable_models_code_sha256"  # config.json: {file: sha256} of the code files save_pretrained wrote
@@ -118,7 +117,7 @@ def version_key(version: str) -> tuple:
 def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | None = None) -> None:
     """Raise a ValueError naming the file and the fix if a saved folder cannot load as a Stable model, and, with
     `require_auto_map` (the trust_remote_code path), if a code file is not a release's (`stable-models verify`)."""
-    check_folder(folder, require_auto_map=require_auto_map, pooling=pooling)
+    check_saved_folder(folder, require_auto_map=require_auto_map, pooling=pooling)
     if require_auto_map:
         verdict = verify_folder(folder)
         if not verdict.ok:
@@ -127,11 +126,3 @@ def check_checkpoint(folder: str, require_auto_map: bool = True, pooling: str | 
                 "release's. Load it with stable_models.from_pretrained (runs no code from the folder), or save it "
                 "again with stable_models installed; `stable-models verify` lists every file."
             )
-
-
-def main(folder: str) -> int:
-    """`stable-models verify FOLDER`: one line per code file; exit 0 when all match one release, 1 otherwise."""
-    verdict = verify_folder(folder)
-    for line in verdict.lines():
-        print(line)
-    return 0 if verdict.ok else 1

@@ -19,9 +19,10 @@ from tiny_tokenizers import qwen2_like
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import stable_models
-from stable_models import calibration, cli, data
-from stable_models.data import encoded, read_table
-from stable_models.training_setup import decoder_layer_linears
+from stable_models import cli
+from stable_models.cli import data, sharded_scores
+from stable_models.cli.data import encoded, read_table
+from stable_models.cli.fine_tuning import decoder_layer_linears
 
 pandas = pytest.importorskip("pandas")
 datasets = pytest.importorskip("datasets")
@@ -115,7 +116,7 @@ def test_train_saves_a_classifier_that_loads_without_the_library(trained):
 
 def test_predict_keeps_the_input_order_and_equals_the_forward(trained, tmp_path, monkeypatch):
     output, data = trained
-    monkeypatch.setattr(calibration, "SCORING_CHUNK", 7)  # streamed: several chunks, each sorted by length
+    monkeypatch.setattr(sharded_scores, "SCORING_CHUNK", 7)  # streamed: several chunks, each sorted by length
     texts = [r["text"] for r in rows("string")][::-1]  # lengths out of order: batches are sorted by length
     write(tmp_path / "new.jsonl", [{"text": t} for t in texts])
     assert run("predict", "--model", output, "--data", tmp_path / "new.jsonl", "--output", tmp_path / "p.jsonl") == 0
@@ -308,7 +309,7 @@ def test_checks_run_over_arrow_batches_and_name_the_first_bad_row(tmp_path, monk
     with pytest.raises(data.CliError, match=r"text missing or empty in 1 row\(s\), first at row 18"):
         data.check_texts(loaded, args, path)
     with pytest.raises(data.CliError, match=r"'label' is missing or NaN in 2 row\(s\), first at row 12"):
-        data.label_task(loaded, "label", path)
+        data.label_problem_type(loaded, "label", path)
 
 
 def test_tables_are_memory_mapped_and_tokenized_once(tmp_path, base):

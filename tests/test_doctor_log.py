@@ -88,7 +88,7 @@ def test_a_real_trainer_log_of_the_stock_class_with_gradient_accumulation(tmp_pa
 
 def doctor_log_here(capsys, path, *extra):
     """`doctor --log` in this process (the command line itself is tested above): (exit code, stdout, stderr)."""
-    from stable_models.doctor import main
+    from stable_models.cli.doctor import main
 
     capsys.readouterr()
     code = main(["--log", str(path), *extra])

@@ -8,6 +8,8 @@ One direction of imports: no circle among the package's modules, and the core im
 """
 
 import ast
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,17 +39,76 @@ def import_problems(path: Path) -> list[str]:
     return problems
 
 
+def module_name(path: Path) -> str:
+    """`cli/data` for stable_models/cli/data.py: the names the map in docs/development.md uses."""
+    return path.relative_to(PACKAGE).with_suffix("").as_posix()
+
+
 def package_imports(path: Path) -> set[str]:
     """The package modules a module imports, at any depth of its code (imports inside functions count)."""
+    here = module_name(path).split("/")[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found |= {alias.name for alias in node.names} if node.module is None else {node.module}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "stable_models":
-            found.add(node.module.split(".")[1] if "." in node.module else "__init__")
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - node.level + 1]
+            if node.module is None:
+                found |= {"/".join([*base, alias.name]) for alias in node.names}
+            else:
+                found.add("/".join([*base, *node.module.split(".")]))
+        elif isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "stable_models":
+            found.add("/".join(node.module.split(".")[1:]) or "__init__")
         elif isinstance(node, ast.Import):
-            found |= {"__init__" for alias in node.names if alias.name == "stable_models"}
-    return {name for name in found if (PACKAGE / f"{name}.py").is_file()}
+            found |= {
+                "/".join(a.name.split(".")[1:]) or "__init__" for a in node.names if a.name.startswith("stable_models")
+            }
+    modules = set()
+    for name in found:
+        if (PACKAGE / f"{name}.py").is_file():
+            modules.add(name)
+        elif (PACKAGE / name / "__init__.py").is_file():
+            modules.add(f"{name}/__init__")
+    return modules
+
+
+LAYERS = {"**The core**": "core", "**The library**": "library", "**The command line**": "command line"}
+
+
+def the_map(text: str) -> dict[str, tuple[str, set[str]]]:
+    """docs/development.md's tables as {module: (layer, the modules it may import)}."""
+    rows, layer = {}, None
+    for line in text.splitlines():
+        layer = next((name for heading, name in LAYERS.items() if line.startswith(heading)), layer)
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("| `") or len(cells) != 3 or not cells[0].endswith(".py`"):
+            continue
+        allowed = set(re.findall(r"`([a-z_/]+)`", cells[2]))
+        rows[cells[0].strip("`").removesuffix(".py")] = (layer, allowed, cells[2])
+    core = {name for name, (kind, *_) in rows.items() if kind == "core"}
+    library = {name for name, (kind, *_) in rows.items() if kind == "library"}
+    return {
+        name: (
+            kind,
+            allowed | (core if "the core" in text else set()) | (library | core if "the library" in text else set()),
+        )
+        for name, (kind, allowed, text) in rows.items()
+    }
+
+
+def map_problems(graph: dict[str, set[str]], rows: dict) -> list[str]:
+    problems = [f"{name}: no row in docs/development.md" for name in sorted(set(graph) - set(rows))]
+    problems += [f"{name}: a row, but no module" for name in sorted(set(rows) - set(graph))]
+    for name, imported in sorted(graph.items()):
+        if name not in rows:
+            continue
+        kind, allowed = rows[name]
+        problems += [f"{name} imports {target}, which its row does not allow" for target in sorted(imported - allowed)]
+        if kind != "command line":
+            problems += [
+                f"{name} ({kind}) imports the command line ({target})"
+                for target in sorted(imported)
+                if rows.get(target, ("command line",))[0] == "command line"
+            ]
+    return problems
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -93,11 +154,64 @@ def test_the_checker_catches_bad_imports(tmp_path):
     assert len(import_problems(bad)) == 5
 
 
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(path): package_imports(path) for path in PACKAGE.rglob("*.py")}
+
+
 def test_no_import_circles():
-    graph = {path.stem: package_imports(path) for path in PACKAGE.glob("*.py")}
-    assert graph["doctor"] >= {"logs"}  # the doctor reads logs; logs import neither the doctor nor the CLI
-    assert graph["logs"].isdisjoint({"doctor", "cli"})
+    graph = import_graph()
+    assert graph["cli/doctor"] >= {"cli/logs"}  # the doctor reads logs; logs import neither the doctor nor the CLI
+    assert graph["cli/logs"].isdisjoint({"cli/doctor", "cli/__init__"})
     assert import_cycles(graph) == []
+
+
+def test_every_import_is_one_the_map_in_the_docs_allows():
+    """docs/development.md is the map: a row per module, what each may import, and no import of the command line
+    from the library or the core."""
+    rows = the_map((PACKAGE.parent / "docs" / "development.md").read_text())
+    assert {kind for kind, _ in rows.values()} == {"core", "library", "command line"}
+    assert map_problems(import_graph(), rows) == []
+
+
+def test_the_map_check_catches_a_library_module_importing_the_command_line():
+    rows = {"registry": ("library", {"cli/data"}), "cli/data": ("command line", set()), "labels": ("library", set())}
+    graph = {"registry": {"cli/data", "labels"}, "cli/data": set(), "metrics": set()}
+    assert map_problems(graph, rows) == [
+        "metrics: no row in docs/development.md",
+        "labels: a row, but no module",
+        "registry imports labels, which its row does not allow",
+        "registry (library) imports the command line (cli/data)",
+    ]
+
+
+def test_the_package_resolves_public_names_from_the_library_only():
+    import stable_models
+
+    rows = the_map((PACKAGE.parent / "docs" / "development.md").read_text())
+    assert {rows[module][0] for module in stable_models.PUBLIC.values()} <= {"core", "library"}
+    for name in stable_models.__all__:
+        assert getattr(stable_models, name) is not None
+
+
+def test_help_and_argument_errors_import_neither_torch_nor_transformers():
+    """`stable-models --help`, each command's --help and an argument error parse before anything heavy is imported
+    (the package's __init__ included), so they answer at once."""
+    code = """
+import sys
+from stable_models.cli import main
+for argv in (["--help"], ["train", "--help"], ["evaluate", "--help"], ["predict", "--help"], ["verify", "--help"],
+             ["doctor", "--help"], ["train", "--no-such-option"], ["predict", "--engine", "tpu"], []):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+heavy = sorted(m for m in ("torch", "transformers", "datasets", "peft", "numpy") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "usage: stable-models" in done.stdout and "usage: python -m stable_models doctor" in done.stdout
+    assert "invalid choice: 'tpu'" in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "HEAVY []", done.stdout[-500:] + done.stderr[-2000:]
 
 
 def test_the_cycle_finder_finds_circles():

@@ -13,8 +13,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import stable_models
 from stable_models import cli
-from stable_models.calibration import pairwise_metrics
-from stable_models.preference import encoded_pairs, preference_layout
+from stable_models.cli.preference_data import encoded_pairs, preference_layout
+from stable_models.metrics import pairwise_metrics
 
 datasets = pytest.importorskip("datasets")
 
@@ -213,7 +213,7 @@ def test_bad_preference_rows_are_one_line_errors(case, base, tmp_path, capsys):
 
 
 def test_identical_pairs_warn_with_a_count_and_a_forced_task_names_the_columns(base, tmp_path, capsys):
-    from stable_models.rewards import read_pairs
+    from stable_models.cli.preference import read_pairs
 
     rows = pairs("implicit", 6)
     rows[1]["rejected"] = rows[1]["chosen"]
@@ -435,17 +435,17 @@ def test_the_readme_reward_commands_run_as_written(base, tmp_path, monkeypatch):
 
 
 def test_a_failed_reward_predict_leaves_no_file(reward_model, tmp_path, monkeypatch):
-    from stable_models import rewards
+    from stable_models.cli.outputs import PredictionWriter
 
     folder, _ = reward_model
     data = write(tmp_path / "pairs.jsonl", pairs("conversational-explicit", 3))
-    real = rewards.write_rows
+    real = PredictionWriter.write
 
-    def fail_midway(part, *args):
-        real(part, *args)
+    def fail_midway(self, rows):
+        real(self, rows)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rewards, "write_rows", fail_midway)
+    monkeypatch.setattr(PredictionWriter, "write", fail_midway)
     output = tmp_path / "out.jsonl"
     with pytest.raises(KeyboardInterrupt):
         run("predict", "--model", folder, "--data", data, "--output", output)

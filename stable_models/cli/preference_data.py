@@ -14,7 +14,8 @@ conversations are `prompt + response` messages through the tokenizer's chat temp
 import json
 from dataclasses import dataclass
 
-from .data import CHECK_BATCH, CliError, arrow_batches, first_true, require_column
+from .data import CHECK_BATCH, arrow_batches, first_true, require_column
+from .errors import CliError
 
 SIDES = ("chosen", "rejected")
 

@@ -5,7 +5,6 @@ stock class and the Stable class side by side, and prints what is wrong and what
 Stable class is healthy on this checkpoint and data, 1 otherwise.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -14,9 +13,10 @@ import time
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-from .logs import LogError, explain_log
-from .modeling_precision import low_precision_trainables
-from .registry import stable_class_for
+from ..modeling_precision import low_precision_trainables
+from ..registry import stable_class_for
+from .arguments import doctor_parser
+from .logs import LogError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SENTENCES = [
@@ -158,7 +158,7 @@ def check_pad_token(tokenizer, config, report):
 
 def report_code_files(folder, report) -> None:
     """What `stable-models verify` says about the folder's code files (what trust_remote_code=True would run)."""
-    from .verify import verify_folder
+    from ..verify import verify_folder
 
     verdict = verify_folder(folder)
     if verdict.ok:
@@ -186,7 +186,7 @@ def run_one(model, batch, alone_inputs, labels):
         halved = model(**batch, labels=labels, num_items_in_batch=2 * labels.numel()).loss
         full = model(**batch, labels=labels).loss
     if not finite:
-        from .training import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
+        from ..guards import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
     result = {
         "finite": finite,
         "loss": out.loss.item(),
@@ -315,37 +315,20 @@ def diagnose(args) -> int:
     return 0 if report.problems == 0 else 1
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each option's default once: appended where there is one to show (not None, not a flag's False) and the help
-    does not already say it."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m stable_models doctor", description=__doc__, formatter_class=HelpFormatter
-    )
-    parser.add_argument(
-        "--model", help="local folder with config, weights and tokenizer (a base model or a classifier)"
-    )
-    parser.add_argument("--data", help="JSON lines with a text and, optionally, a label (int or string) per line")
-    parser.add_argument("--text-key", default="text", help="the key of the text in --data lines")
-    parser.add_argument("--label-key", default="label", help="the key of the label in --data lines")
-    parser.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="dtype to load the model in")
-    parser.add_argument("--padding-side", choices=["left", "right"], help="default: the tokenizer's")
-    parser.add_argument("--max-examples", type=int, default=16, help="texts used from --data")
-    parser.add_argument("--log", help="instead of a model: explain a Trainer log (trainer_state.json or a text log)")
-    parser.add_argument("--num-labels", type=int, help="with --log: number of classes (default: guessed from the loss)")
-    args = parser.parse_args(argv)
+    """`python -m stable_models doctor ...` (the arguments are parsed by arguments.doctor_parser, before torch is
+    imported)."""
+    parser = doctor_parser()
+    return run(parser, parser.parse_args(argv))
+
+
+def run(parser, args) -> int:
     if (args.model is None) == (args.log is None):
         parser.error("give --model DIR (run a checkpoint) or --log FILE (explain a Trainer log)")
     try:
         if args.log:
+            from .logs import explain_log
+
             return explain_log(args.log, args.num_labels)
         return diagnose(args)
     except (DoctorError, LogError) as error:

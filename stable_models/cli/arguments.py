@@ -1,4 +1,16 @@
-"""`stable-models train | evaluate | predict | doctor`: from a data file to a calibrated classifier, served as saved.
+"""The arguments of `stable-models`: the parser of every command, `--config` files, the required options. Imports
+nothing heavy (no torch, no transformers), so `--help` and argument errors are instant.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from .errors import CliError
+from .tasks import TASKS
+
+DESCRIPTION = """`stable-models train | evaluate | predict | doctor`: from a data file to a calibrated classifier,
+reward model or reranker, served as saved.
 
     stable-models train --model BASE --train data.csv --label-key label --output out/clf
     stable-models evaluate --model out/clf --data test.csv --calibrate
@@ -9,18 +21,17 @@ Bad input (a missing column, an empty file, mixed or NaN labels, an existing --o
 exit code 2, before anything is written. Needs the `cli` extra (datasets, scikit-learn, matplotlib for the plots).
 """
 
-import argparse
-import contextlib
-import importlib.util
-import json
-import os
-import sys
-from pathlib import Path
 
-from .commands import evaluate, predict, train
-from .data import CliError
-from .distributed import report
-from .doctor import HelpFormatter
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default once: appended where there is one to show (not None, not a flag's False) and the help
+    does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
 
 # transformers' SchedulerType values that need no extra arguments
 SCHEDULERS = (
@@ -35,7 +46,7 @@ SCHEDULERS = (
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="stable-models", description=__doc__, formatter_class=HelpFormatter)
+    top = argparse.ArgumentParser(prog="stable-models", description=DESCRIPTION, formatter_class=HelpFormatter)
     commands = top.add_subparsers(dest="command", metavar="{train,evaluate,predict,verify,doctor}")
 
     def data_keys(sub):
@@ -94,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--task",
         default="auto",
-        choices=["auto", "classification", "preference"],
+        choices=["auto", *sorted(TASKS)],
         help="auto: preference (a reward model) for 'chosen' / 'rejected' columns, else from the labels' kind",
     )
     t.add_argument(
@@ -200,57 +211,29 @@ def read_options(path) -> dict:
     return {key.replace("-", "_"): value for key, value in options.items()}
 
 
-# what the commands import from the `cli` extra (matplotlib too, but without it they only skip the plots)
-CLI_EXTRA = {"pandas": "pandas", "sklearn": "scikit-learn", "scipy": "scipy", "datasets": "datasets"}
-CLI_EXTRA_TRAIN = {"accelerate": "accelerate"}  # transformers' Trainer
+DOCTOR_DESCRIPTION = """`python -m stable_models doctor --model DIR`: explain why a sequence-classification run gives
+NaN or
+nonsense.
+
+Loads the tokenizer and the model from a local folder, builds padded batches, runs forward and backward with the
+stock class and the Stable class side by side, and prints what is wrong and what to change. Exit code 0 when the
+Stable class is healthy on this checkpoint and data, 1 otherwise.
+"""
 
 
-def check_cli_extra(command: str) -> None:
-    """Before any work: a base install (without the `cli` extra) gets one line naming the fix, not a traceback at
-    the first evaluation."""
-    needed = CLI_EXTRA | (CLI_EXTRA_TRAIN if command == "train" else {})
-    missing = [package for module, package in needed.items() if importlib.util.find_spec(module) is None]
-    if missing:
-        raise CliError(
-            f"{command} needs the cli extra ({', '.join(missing)} not installed): pip install 'stable_models[cli]'"
-        )
-
-
-@contextlib.contextmanager
-def environment_restored():
-    """A command run in-process (`cli.main`) leaves os.environ as it found it: transformers 4.x's TrainingArguments
-    writes ACCELERATE_MIXED_PRECISION=bf16 there (where train picks bf16), which turned the caller's later Trainer
-    runs, and the processes it starts, into bf16 ones."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        for key in set(os.environ) - set(saved):
-            del os.environ[key]
-        os.environ.update(saved)
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["doctor"]:
-        from .doctor import main as doctor
-
-        return doctor(argv[1:])
-    try:
-        args = parse(argv)
-        if args.command == "verify":
-            from .verify import main as verify
-
-            if not os.path.isdir(args.folder):
-                raise CliError(f"{args.folder}: no such folder")
-            return verify(args.folder)
-        check_cli_extra(args.command)
-        with environment_restored():
-            return {"train": train, "evaluate": evaluate, "predict": predict}[args.command](args)
-    except CliError as error:
-        report(error)  # once per job, not once per process
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def doctor_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m stable_models doctor", description=DOCTOR_DESCRIPTION, formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--model", help="local folder with config, weights and tokenizer (a base model or a classifier)"
+    )
+    parser.add_argument("--data", help="JSON lines with a text and, optionally, a label (int or string) per line")
+    parser.add_argument("--text-key", default="text", help="the key of the text in --data lines")
+    parser.add_argument("--label-key", default="label", help="the key of the label in --data lines")
+    parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype to load the model in")
+    parser.add_argument("--padding-side", choices=["left", "right"], help="default: the tokenizer's")
+    parser.add_argument("--max-examples", type=int, default=16, help="texts used from --data")
+    parser.add_argument("--log", help="instead of a model: explain a Trainer log (trainer_state.json or a text log)")
+    parser.add_argument("--num-labels", type=int, help="with --log: number of classes (default: guessed from the loss)")
+    return parser

@@ -9,16 +9,15 @@ import numbers
 import os
 from pathlib import Path
 
-TASKS = ("single_label_classification", "multi_label_classification", "regression")
+from ..labels import encode_labels, refuse_unseen
+from .errors import CliError
+
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 CHECK_BATCH = 65_536  # rows per Arrow batch in the checks: vectorized, and flat in memory
 MAP_BATCH = 1_000  # rows per tokenizer call in `map`
 ROWS_PER_WORKER = 50_000  # below this a worker process costs more than it saves
-
-
-class CliError(Exception):
-    """Bad input: printed as one line, exit code 2, nothing written."""
 
 
 def read_table(path):
@@ -133,7 +132,7 @@ def check_texts(table, args, path) -> None:
             )
 
 
-def label_task(table, key, path) -> str:
+def label_problem_type(table, key, path) -> str:
     """From the label column's Arrow type: strings or integers mean single-label, lists multi-label, floats
     regression. Refuses missing / NaN labels and a column that mixes kinds."""
     import pyarrow
@@ -184,52 +183,36 @@ def refuse_label_kinds(labels, key, path) -> str:
 
 
 def labelled(table, args, path) -> str:
-    """The task of a labelled table, checked once: every text there, one label kind, no missing label."""
+    """The problem type of a labelled table, checked once: every text there, one label kind, no missing label."""
     check_texts(table, args, path)
-    return label_task(table, args.label_key, path)
+    return label_problem_type(table, args.label_key, path)
 
 
-def label_values(table, key, task) -> set:
+def label_values(table, key, problem_type) -> set:
     """The distinct label values (the elements of the lists, for multi-label), one Arrow pass."""
     import pyarrow.compute as pc
 
     values = set()
     for batch in arrow_batches(table, [key]):
         column = batch.column(key)
-        if task == "multi_label_classification":
+        if problem_type == "multi_label_classification":
             column = pc.list_flatten(column)
         values |= set(pc.unique(column).to_pylist())
     return values
 
 
-def label_names(table, key, task) -> list[str]:
+def label_names(table, key, problem_type) -> list[str]:
     """The label map, sorted (numerically for integers): id i is names[i]."""
-    values = label_values(table, key, task)
+    values = label_values(table, key, problem_type)
     return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
 
 
-def check_known_labels(table, key, task, label2id, path) -> None:
-    if task != "regression":
-        refuse_unseen(label_values(table, key, task), label2id, path)
-
-
-def refuse_unseen(values, label2id, path) -> None:
-    unseen = sorted({str(v) for v in values} - set(label2id))
-    if unseen:
-        raise CliError(
-            f"{path}: labels {unseen[:5]} are not among the model's labels {list(label2id)[:10]} "
-            "(every label must occur in the training data)"
-        )
-
-
-def encode_labels(labels, task, label2id, path):
-    """Python labels (a list) as the model's targets: ids, multi-hot rows, or floats."""
-    if task == "regression":
-        return [float(v) for v in labels]
-    refuse_unseen((v for label in labels for v in (label if isinstance(label, list) else [label])), label2id, path)
-    if task == "single_label_classification":
-        return [label2id[str(v)] for v in labels]
-    return [[1.0 if name in {str(v) for v in label} else 0.0 for name in label2id] for label in labels]
+def check_known_labels(table, key, problem_type, label2id, path) -> None:
+    if problem_type != "regression":
+        try:
+            refuse_unseen(label_values(table, key, problem_type), label2id, path)
+        except ValueError as error:
+            raise CliError(str(error)) from None
 
 
 def split_eval(table, fraction, seed):
@@ -264,14 +247,14 @@ def tokenize(tokenizer, texts, pairs, max_length=None):
     return encoded["input_ids"]
 
 
-def encode_batch(batch, tokenizer, text_key, pair_key, label_key, task, label2id, max_length):
+def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
     """One `map` batch: token ids, their count (for length-grouped batches) and the encoded labels."""
     texts, pairs = texts_of(batch, text_key, pair_key)
     ids = tokenize(tokenizer, texts, pairs, max_length)
     return {
         "input_ids": ids,
         "length": [len(i) for i in ids],
-        "labels": encode_labels(batch[label_key], task, label2id, "map"),
+        "labels": encode_labels(batch[label_key], problem_type, label2id, "map"),
     }
 
 
@@ -282,7 +265,7 @@ def workers(rows: int) -> int | None:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def encoded(table, tokenizer, args, task, label2id, max_length):
+def encoded(table, tokenizer, args, problem_type, label2id, max_length):
     """The table as `input_ids`, `length` and `labels` columns: a batched `map` with workers, cached by datasets
     (a second process of the same job, or a second run on the same file and tokenizer, reads the cache)."""
     return table.map(
@@ -296,7 +279,7 @@ def encoded(table, tokenizer, args, task, label2id, max_length):
             text_key=args.text_key,
             pair_key=args.text_pair_key,
             label_key=args.label_key,
-            task=task,
+            problem_type=problem_type,
             label2id=label2id,
             max_length=max_length,
         ),

@@ -13,8 +13,8 @@ import functools
 
 from transformers import Trainer
 
+from .losses import bradley_terry_loss
 from .modeling_loss import total_class_weight
-from .packing import bradley_terry_loss
 
 
 class StableTrainer(Trainer):

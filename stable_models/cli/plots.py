@@ -2,17 +2,16 @@
 reward histograms), drawn with matplotlib when it is installed (the `cli` extra); without it, no plots and a hint.
 """
 
-import json
 from pathlib import Path
 
 import torch
 
-from .calibration import calibration_points, pair_logits
+from ..metrics import calibration_points, pair_logits
 
 PLOTS_HINT = "pip install 'stable_models[cli]' for the PNG plots (matplotlib)"
 
 
-def plot_report(report, task, names, logits, targets, folder: Path, training_log=None) -> list[str]:
+def plot_classification(report, problem_type, names, logits, targets, folder: Path, training_log=None) -> list[str]:
     try:
         import matplotlib
 
@@ -21,7 +20,7 @@ def plot_report(report, task, names, logits, targets, folder: Path, training_log
     except ImportError:
         return []
     written = []
-    if task == "single_label_classification":
+    if problem_type == "single_label_classification":
         figure, axes = plt.subplots(figsize=(1.2 * len(names) + 3, 1.2 * len(names) + 2))
         matrix = report["confusion_matrix"]
         axes.imshow(matrix, cmap="Blues")
@@ -31,8 +30,8 @@ def plot_report(report, task, names, logits, targets, folder: Path, training_log
         axes.set(xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names)
         axes.set(xlabel="predicted", ylabel="true", title="confusion matrix")
         written.append(save_figure(figure, folder / "confusion_matrix.png"))
-    if task != "regression":
-        written.append(reliability_diagram(plt, logits, targets, task, report["ece"], folder))
+    if problem_type != "regression":
+        written.append(reliability_diagram(plt, logits, targets, problem_type, report["ece"], folder))
     if training_log:
         written.append(training_curves(plt, training_log, folder))
     return written
@@ -66,8 +65,8 @@ def plot_rewards(report, chosen, rejected, folder: Path, training_log=None) -> l
     return written
 
 
-def reliability_diagram(plt, logits, targets, task, ece, folder: Path) -> str:
-    confidence, correct = calibration_points(logits, targets, task)
+def reliability_diagram(plt, logits, targets, problem_type, ece, folder: Path) -> str:
+    confidence, correct = calibration_points(logits, targets, problem_type)
     edges = torch.linspace(0, 1, 11)
     centres, accuracy = [], []
     for low, high in zip(edges[:-1], edges[1:], strict=True):
@@ -92,24 +91,6 @@ def training_curves(plt, training_log, folder: Path) -> str:
             axis.plot(*zip(*points, strict=True), "o-" if len(points) < 30 else "-")
         axis.set(xlabel="step", title=title)
     return save_figure(figure, folder / "training_curves.png")
-
-
-def write_report(args, report, draw, render, temperature="temperature") -> None:
-    """The end of `evaluate`: the plots (`draw(report_dir, training_log)`), report.json, the printed report and what
-    --calibrate folded into the model."""
-    report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
-    report_dir.mkdir(parents=True, exist_ok=True)
-    log = Path(args.model) / "training_log.json"
-    report["plots"] = draw(report_dir, json.loads(log.read_text()) if log.is_file() else None)
-    (report_dir / "report.json").write_text(json.dumps(report, indent=1))
-    print(render(report))
-    if "calibration" in report:
-        c = report["calibration"]
-        print(
-            f"calibrated: {temperature} {c['temperature']:.3f} folded into {args.model} (NLL {c['nll_before']:.4f} -> "
-            f"{c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
-        )
-    print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
 
 
 def save_figure(figure, path: Path) -> str:

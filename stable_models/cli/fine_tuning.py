@@ -1,6 +1,7 @@
-"""The training set-up of `stable-models train`: the base model (4-bit with --qlora), LoRA adapters, TrainingArguments
-(--deepspeed, --fsdp, evaluation and checkpoints), the Trainer with its collator, sampler and callbacks, and the
-merged model it saves. commands.train runs these steps in order.
+"""The fine-tuning set-up of `stable-models train`, the same for every task: the base model (4-bit with --qlora),
+LoRA adapters, TrainingArguments (--deepspeed, --fsdp, evaluation and checkpoints), the Trainer with the task's
+collator, loss and metrics, a length-grouped sampler and callbacks, and the merged model it saves. commands.train runs
+these steps in order.
 """
 
 import contextlib
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .calibration import metrics
-from .data import CliError
+from .errors import CliError
 
 
 def decoder_layer_linears(model) -> list[str]:
@@ -33,7 +33,7 @@ def load_base_model(args, load: dict, dtype: str):
     """The Stable classifier on --model: fp32, or 4-bit base weights with --qlora; a GGUF file dequantized."""
     import transformers
 
-    import stable_models
+    from ..registry import from_pretrained
 
     quantized = dict(load)
     if args.qlora:
@@ -43,7 +43,7 @@ def load_base_model(args, load: dict, dtype: str):
         )
         quantized["device_map"] = "auto" if torch.cuda.is_available() else "cpu"
     try:
-        model = stable_models.from_pretrained(args.model, **quantized)
+        model = from_pretrained(args.model, **quantized)
     except ValueError as error:
         raise CliError(f"--model {args.model}: {str(error).splitlines()[0]}") from None
     if args.gguf_file:  # dequantized on load: a plain fp32 model, saved without GGUF quantization settings
@@ -135,6 +135,7 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
     steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
     total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
     eval_steps = args.eval_steps or max(1, total_steps // 5)
+    best_metric, greater_is_better = data.task.best_metric(data)
     if args.deepspeed and world > 1:
         import deepspeed
 
@@ -159,8 +160,8 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
         save_steps=eval_steps,
         save_total_limit=2,
         load_best_model_at_end=True,
-        metric_for_best_model={"regression": "mse", "preference": "accuracy"}.get(data.task, "f1_macro"),
-        greater_is_better=data.task != "regression",
+        metric_for_best_model=best_metric,
+        greater_is_better=greater_is_better,
         logging_steps=max(1, min(eval_steps, total_steps // 20)),
         seed=args.seed,
         bf16=dtype == "bf16",
@@ -174,50 +175,20 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
     )
 
 
-class ModelInputs:
-    """A collator that passes on only what the model takes (the `length` column is for the sampler)."""
-
-    def __init__(self, collator):
-        self.collator = collator
-
-    def __call__(self, features):
-        return self.collator([{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features])
-
-
 def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
-    """StableTrainer with packing (padding for recurrent models or --no-packing), StopOnNonFinite and early
-    stopping."""
-    from transformers import DataCollatorWithPadding, EarlyStoppingCallback
+    """The task's Trainer (StableTrainer, PairwiseTrainer) with its collator (packing; padding for recurrent models or
+    --no-packing), its metrics, StopOnNonFinite and early stopping."""
+    from transformers import EarlyStoppingCallback
 
-    import stable_models
+    from ..guards import StopOnNonFinite
+    from ..modeling_rules import recurrent_layer_kinds
 
-    from .modeling_rules import recurrent_layer_kinds
-    from .trainer import StableTrainer
-    from .training import StopOnNonFinite
-
+    task = data.task
     packing = not (recurrent_layer_kinds(model.config) or args.no_packing)
     callbacks = [StopOnNonFinite()]
     if args.early_stopping:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping))
-
-    def compute_metrics(prediction):
-        report = metrics(torch.as_tensor(prediction.predictions), prediction.label_ids, data.task, data.names)
-        return {k: v for k, v in report.items() if isinstance(v, float)}
-
-    extra = {}
-    if data.task == "preference":
-        from .rewards import compute_pair_metrics, pair_collator
-        from .trainer import PairwiseTrainer
-
-        base, collator, compute_metrics = PairwiseTrainer, pair_collator(tokenizer, packing), compute_pair_metrics
-        extra["center_rewards"] = args.center_rewards
-    else:
-        base = StableTrainer
-        collator = ModelInputs(
-            stable_models.PackedCollator(pad_token_id=tokenizer.pad_token_id)
-            if packing
-            else DataCollatorWithPadding(tokenizer)
-        )
+    base = task.trainer_class()
 
     class LengthGroupedTrainer(base):
         def _get_train_sampler(self, *args, **kwargs):
@@ -234,10 +205,10 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
         args=training,
         train_dataset=train_set,
         eval_dataset=eval_set,
-        data_collator=collator,
-        compute_metrics=compute_metrics,
+        data_collator=task.collator(tokenizer, packing),
+        compute_metrics=task.compute_metrics(data),
         callbacks=callbacks,
-        **extra,
+        **task.trainer_options(args),
     )
 
 
@@ -247,10 +218,10 @@ def merged_model(model, args, load: dict, tokenizer, checkpoints: Path):
     if args.qlora:
         from peft import PeftModel
 
-        import stable_models
+        from ..registry import from_pretrained
 
         model.save_pretrained(checkpoints / "adapter")
-        base = stable_models.from_pretrained(args.model, **load)
+        base = from_pretrained(args.model, **load)
         if len(tokenizer) > base.get_input_embeddings().num_embeddings:  # setup_pad_token added a pad row
             base.resize_token_embeddings(len(tokenizer))  # (peft saved the resized embeddings with the adapter)
         base.config.pad_token_id = tokenizer.pad_token_id

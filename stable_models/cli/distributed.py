@@ -9,12 +9,11 @@ call is a plain call.
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-from .data import CliError
+from .errors import CliError, SilentError
 
 
 class Job:
@@ -96,10 +95,6 @@ class Job:
             torch.distributed.destroy_process_group()
 
 
-class SilentError(CliError):
-    """An error rank 0 has already reported: this rank exits with the same code and says nothing."""
-
-
 LOCK = ".stable-models.lock"
 
 
@@ -147,13 +142,3 @@ def refuse_if_locked(output: Path) -> None:
     """The clear error for a directory another run holds, before any other check of it."""
     if (output / LOCK).is_file():
         lock(output).close()  # raises while the holder runs; a lock left by a killed run is free
-
-
-def rank_of_this_process() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def report(error: CliError) -> None:
-    """The one-line error, once per job."""
-    if not isinstance(error, SilentError) and rank_of_this_process() == 0:
-        print(f"stable-models: error: {error}", file=sys.stderr)

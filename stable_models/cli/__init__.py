@@ -1,0 +1,76 @@
+"""`stable-models train | evaluate | predict | verify | doctor`: the command line of stable_models.
+
+The arguments are parsed before anything heavy is imported, so `--help` and argument errors are instant; each command
+then imports what it runs. This package imports the library; the library never imports it.
+"""
+
+import contextlib
+import importlib.util
+import os
+import sys
+
+from .arguments import doctor_parser, parse
+from .errors import CliError, report
+
+# what the commands import from the `cli` extra (matplotlib too, but without it they only skip the plots)
+CLI_EXTRA = {"pandas": "pandas", "sklearn": "scikit-learn", "scipy": "scipy", "datasets": "datasets"}
+CLI_EXTRA_TRAIN = {"accelerate": "accelerate"}  # transformers' Trainer
+
+
+def check_cli_extra(command: str) -> None:
+    """Before any work: a base install (without the `cli` extra) gets one line naming the fix, not a traceback at
+    the first evaluation."""
+    needed = CLI_EXTRA | (CLI_EXTRA_TRAIN if command == "train" else {})
+    missing = [package for module, package in needed.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise CliError(
+            f"{command} needs the cli extra ({', '.join(missing)} not installed): pip install 'stable_models[cli]'"
+        )
+
+
+@contextlib.contextmanager
+def environment_restored():
+    """A command run in-process (`cli.main`) leaves os.environ as it found it: transformers 4.x's TrainingArguments
+    writes ACCELERATE_MIXED_PRECISION=bf16 there (where train picks bf16), which turned the caller's later Trainer
+    runs, and the processes it starts, into bf16 ones."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+def verify(folder: str) -> int:
+    """`stable-models verify FOLDER`: one line per code file; exit 0 when all match one release, 1 otherwise."""
+    from ..verify import verify_folder
+
+    if not os.path.isdir(folder):
+        raise CliError(f"{folder}: no such folder")
+    verdict = verify_folder(folder)
+    for line in verdict.lines():
+        print(line)
+    return 0 if verdict.ok else 1
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["doctor"]:
+        parser = doctor_parser()
+        args = parser.parse_args(argv[1:])
+        from .doctor import run
+
+        return run(parser, args)
+    try:
+        args = parse(argv)
+        if args.command == "verify":
+            return verify(args.folder)
+        check_cli_extra(args.command)
+        from . import commands
+
+        with environment_restored():
+            return getattr(commands, args.command)(args)
+    except CliError as error:
+        report(error)  # once per job, not once per process
+        return 2

@@ -1,0 +1,308 @@
+"""`stable-models train | evaluate | predict`: each command is one sequence of named steps that asks the task
+(tasks.py: classification, preference) what differs, and never branches on the task's name. data.py reads and checks
+files, fine_tuning.py builds the model, adapters and Trainer, scoring.py scores rows, outputs.py writes results.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .data import read_table
+from .distributed import Job, output_lock, refuse_if_locked
+from .errors import CliError
+from .fine_tuning import (
+    load_base_model,
+    make_trainer,
+    merged_model,
+    training_arguments,
+    with_adapters,
+    zero3_gathered,
+)
+from .outputs import PredictionWriter, write_evaluation
+from .sharded_scores import gathered_scores, scored_batches, torch_engine
+from .tasks import TrainingData, for_model, for_training, length_limit
+
+
+def fast_dtype() -> str:
+    """bf16 where its matmuls are fast (CUDA with bf16, CPUs with AVX512-BF16 / AMX), else fp32: on an AVX2-only CPU a
+    bf16 matmul is ~95x slower than fp32."""
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "fp32"
+    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
+
+
+def check_model_path(model: str, gguf_file: str | None) -> None:
+    path = Path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        raise CliError(f"--model {model} is a GGUF file: pass its folder as --model and the name as --gguf-file")
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--model {model}: not a checkpoint folder")
+    if path.is_dir():
+        wanted = path / gguf_file if gguf_file else path / "config.json"
+        if not wanted.is_file():
+            raise CliError(
+                f"--model {model}: not a checkpoint (no {wanted.name}); point at a folder from save_pretrained"
+            )
+
+
+def load_tokenizer(model: str, gguf_file=None):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError) as error:
+        raise CliError(f"--model {model}: no tokenizer could be loaded ({str(error).splitlines()[0]})") from None
+
+
+def classifier_config(model: str):
+    """The config of a classifier folder saved by `train` (or any Stable / stock classifier folder), checked."""
+    from transformers import AutoConfig
+
+    check_model_path(model, None)
+    if not Path(model).is_dir():
+        raise CliError(f"--model {model}: no such folder")
+    config = json.loads((Path(model) / "config.json").read_text())
+    classes = config.get("architectures") or []
+    if "AutoModelForSequenceClassification" not in (config.get("auto_map") or {}) and not any(
+        name.endswith("ForSequenceClassification") for name in classes
+    ):
+        raise CliError(
+            f"--model {model}: not a classifier ({', '.join(classes) or 'no architectures'}); train one first"
+        )
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError, KeyError) as error:
+        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
+
+
+def load_classifier(model: str, device=None):
+    """A classifier folder in fp32, eval mode, on `device` (default: the CPU), with its tokenizer."""
+    from ..registry import from_pretrained
+    from ..tokenization import setup_pad_token
+
+    classifier_config(model)
+    try:
+        classifier = from_pretrained(model, dtype=torch.float32)
+    except (OSError, ValueError, TypeError) as error:
+        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(model)
+    if tokenizer.pad_token_id is None:
+        setup_pad_token(tokenizer)
+    return classifier.to(device or "cpu").eval(), tokenizer
+
+
+def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise CliError(f"--output {output} is a file; give a directory")
+    if output.is_dir():
+        refuse_if_locked(output)
+    if output.is_dir() and any(output.iterdir()) and not (overwrite or resume):
+        raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
+
+
+def preflight(model, tokenizer, examples, folder) -> None:
+    """The doctor's checks on the task's first examples: finite loss and gradients, padding-invariant logits, an fp32
+    loss that honours num_items_in_batch. Stops with the doctor's report when one fails."""
+    from .doctor import PADDING_TOLERANCE, run_one
+
+    ids, labels, label_dtype = examples
+    batch = dict(tokenizer.pad({"input_ids": ids}, return_tensors="pt"))
+    alone = [dict(tokenizer.pad({"input_ids": [one]}, return_tensors="pt")) for one in ids]
+    result = run_one(model, batch, alone, torch.tensor(labels, dtype=label_dtype))
+    model.train()
+    tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, result["logit scale"])
+    problems = []
+    if not result["finite"]:
+        problems.append(f"non-finite loss, logits or gradients (first at {result['first non-finite']})")
+    elif result["padding error"] > tolerance:
+        problems.append(f"padding changes the logits by {result['padding error']:.2e}")
+    elif not result["honours num_items_in_batch"] or result["loss dtype"] != torch.float32:
+        problems.append("the loss is not an fp32 loss that honours num_items_in_batch")
+    if problems:
+        raise SystemExit(
+            f"stable-models: the pre-flight check failed: {problems[0]}. `python -m stable_models doctor --model "
+            f"{folder}` gives the full report."
+        )
+    print(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
+
+
+def read_training_data(args, say=print) -> TrainingData:
+    """--train (and --eval) read and checked by the task that --task names or the columns show."""
+    table = read_table(args.train)
+    return for_training(table, args.task).read(args, table, say)
+
+
+def loading_options(args, data: TrainingData) -> dict:
+    """`from_pretrained` arguments: the task's head and loss options, pooling, fp32 master weights, --gguf-file,
+    --attn-implementation."""
+    load = dict(
+        **data.task.model_options(args, data),
+        pooling=args.pooling,
+        dtype=torch.float32,
+        ignore_mismatched_sizes=True,
+    )
+    if args.gguf_file:
+        load["gguf_file"] = args.gguf_file
+    if args.attn_implementation:
+        load["attn_implementation"] = args.attn_implementation
+    return load
+
+
+def write_training_outputs(model, tokenizer, output: Path, history: list, final: dict) -> dict:
+    """The model, its tokenizer, the training log and the final eval metrics (returned without the eval_ prefix)."""
+    model.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    (output / "training_log.json").write_text(json.dumps(history, indent=1))
+    summary = {k.removeprefix("eval_"): v for k, v in final.items() if isinstance(v, (int, float))}
+    (output / "eval_metrics.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def train(args) -> int:
+    import transformers
+
+    from ..tokenization import setup_pad_token
+
+    job = Job()
+    output = Path(args.output)
+    job.on_main(lambda: check_output_dir(output, args.overwrite, args.resume))
+    if args.full and args.qlora:
+        raise CliError("--full and --qlora exclude each other")
+    check_model_path(args.model, args.gguf_file)
+    data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
+    task = data.task
+    transformers.set_seed(args.seed)
+    dtype = fast_dtype() if args.dtype == "auto" else args.dtype
+    load = loading_options(args, data)
+    tokenizer = load_tokenizer(args.model, args.gguf_file)
+    checkpoints = output / "checkpoints"
+    training = training_arguments(args, data, dtype, checkpoints)  # before the model: ZeRO-3 partitions at build
+    with output_lock(output, job):
+        job.say(
+            f"[train] loading {args.model} as a {task.describe_model(data)} model with {len(data.names)} output(s)",
+            file=sys.stderr,
+        )
+        model = load_base_model(args, load, dtype)
+        setup_pad_token(tokenizer, model)
+        task.prepare(args, data, tokenizer, job.say)
+        limit = length_limit(args, model)
+        train_set, eval_set = job.main_first(lambda: task.tokenize(args, tokenizer, limit, data, job.say))
+        job.say(
+            f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
+            f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
+            file=sys.stderr,
+        )
+        if training.deepspeed and training.hf_deepspeed_config.is_zero3():
+            job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
+        else:
+            # rank 0 alone (it leaves the weights as they were; Trainer seeds every rank alike afterwards)
+            job.on_main(lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model))
+        model = with_adapters(model, args)
+        trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
+        resume = args.resume and any(checkpoints.glob("checkpoint-*"))
+        if args.resume and not resume:
+            job.say(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        history = list(trainer.state.log_history)
+        final = trainer.evaluate()  # the best checkpoint's, which load_best_model_at_end restored
+        with zero3_gathered(trainer.model, training):
+            summary = job.on_main(
+                lambda: write_training_outputs(
+                    merged_model(trainer.model, args, load, tokenizer, checkpoints), tokenizer, output, history, final
+                )
+            )
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
+    job.say(f"[train] done: {shown}")
+    job.say(
+        f"[train] model: {output} (stable_models.from_pretrained(dir), or AutoModelForSequenceClassification "
+        "with trust_remote_code=True)"
+    )
+    job.say(f"[train] next: stable-models evaluate --model {output} --data <test file> --calibrate")
+    job.say(f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling")
+    job.leave()
+    return 0
+
+
+def evaluate(args) -> int:
+    """The task's report on labelled data: every rank scores its shard, rank 0 gathers, reports and (--calibrate)
+    saves the calibrated model in place."""
+    job = Job()
+    model, tokenizer = load_classifier(args.model, job.device)
+    task = for_model(model.config)
+    task.check_options(args, model.config, "evaluate")
+    table = job.main_first(lambda: read_table(args.data))
+    spec = job.on_main(lambda: task.scoring_input(args, table, model.config, tokenizer, "evaluate", job.say))
+    batches = scored_batches(
+        job,
+        table,
+        task.scored_columns(spec, args),
+        task.render(spec, tokenizer, args),
+        torch_engine(model, tokenizer, args.batch_size),
+    )
+    scores = gathered_scores(job, batches)
+    job.on_main(lambda: write_evaluation(args, model, task.evaluation(args, model, table, spec, scores)))
+    job.leave()
+    return 0
+
+
+def predict(args) -> int:
+    """The task's rows for every input row, in input order: each rank scores its contiguous shard as it streams and
+    writes a part file; rank 0 joins them and moves the result onto --output only when it is complete (an
+    --overwrite never leaves half a file)."""
+    job = Job()
+    output = Path(args.output)
+
+    def check_output():
+        if output.suffix not in (".jsonl", ".csv"):
+            raise CliError(f"--output {output}: use a .jsonl or .csv file")
+        if output.exists() and not args.overwrite:
+            raise CliError(f"--output {output} exists; pass --overwrite or another file")
+
+    job.on_main(check_output)
+    if args.engine == "vllm" and job.world > 1:
+        raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
+    if args.engine == "vllm":
+        config, tokenizer = classifier_config(args.model), load_tokenizer(args.model)
+    else:
+        model, tokenizer = load_classifier(args.model, job.device)
+        config = model.config
+    task = for_model(config)
+    task.check_options(args, config, "predict")
+    table = job.main_first(lambda: read_table(args.data))
+    spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "predict", job.say))
+    if job.is_main:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    if args.engine == "vllm":
+        from .vllm_engine import load_engine, vllm_engine
+
+        engine = vllm_engine(
+            load_engine(
+                args.model,
+                args.tensor_parallel_size,
+                args.data_parallel_size,
+                args.vllm_dtype,
+                args.gpu_memory_utilization,
+            )
+        )
+    else:
+        engine = torch_engine(model, tokenizer, args.batch_size)
+    job.barrier()
+    columns = task.prediction_columns(spec, config, args)
+    writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args))
+    render = task.render(spec, tokenizer, args)
+    try:
+        for batch, scores in scored_batches(job, table, task.scored_columns(spec, args), render, engine):
+            writer.write(task.prediction_rows(batch, scores, spec, config, args))
+    except BaseException:
+        writer.discard()
+        raise
+    writer.finish()
+    job.say(f"predict: {len(table)} rows -> {output}")
+    job.leave()
+    return 0

@@ -1,0 +1,134 @@
+"""What the commands write: predict's rows (streamed, every task, .jsonl or .csv, optionally ranked within groups),
+the end of an evaluation (report.json, plots, the printed report), and a model saved in place after --calibrate.
+Nothing is left half-written: files are completed aside and moved into place.
+"""
+
+import bisect
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .plots import PLOTS_HINT
+
+CSV_PREFIXES = {"probabilities": "p_"}  # a dict-valued field becomes one CSV column per key: p_<label>
+
+
+class PredictionWriter:
+    """predict's rows as they are scored: each rank appends JSON lines to its own part file; `finish` has rank 0 join
+    the parts in rank order into --output's format, adding each row's rank within its group when `ranked_by` =
+    (group column, score field) is given, and move the result onto --output only when it is complete. Ranks need
+    only (group, score) per row in memory: one pass over the parts collects them, a second writes."""
+
+    def __init__(self, output: Path, job, columns: list[str], ranked_by=None):
+        self.output, self.job, self.columns, self.ranked_by = output, job, columns, ranked_by
+        self.part = self.part_of(job.rank)
+        self.handle = open(self.part, "w", encoding="utf-8")
+
+    def part_of(self, rank: int) -> Path:
+        return self.output.with_name(f"{self.output.name}.rank{rank}.part")
+
+    def write(self, rows: list[dict]) -> None:
+        self.handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.part.unlink(missing_ok=True)
+
+    def finish(self) -> None:
+        self.handle.close()
+        self.job.barrier()
+        if not self.job.is_main:
+            return
+        parts = [self.part_of(rank) for rank in range(self.job.world)]
+        joined = self.output.with_name(f"{self.output.name}.part")
+        try:
+            ranks = self.group_scores(parts) if self.ranked_by else None
+            with open(joined, "w", newline="", encoding="utf-8") as handle:
+                write_row = row_writer(handle, self.output.suffix, self.columns)
+                for row in rows_of(parts):
+                    if ranks is not None:
+                        group, field = self.ranked_by
+                        scores = ranks[group_of(row[group])]
+                        row["rank"] = len(scores) - bisect.bisect_right(scores, row[field]) + 1  # 1 = highest
+                    write_row(row)
+            os.replace(joined, self.output)
+        finally:
+            joined.unlink(missing_ok=True)
+            for part in parts:
+                part.unlink(missing_ok=True)
+
+    def group_scores(self, parts) -> dict:
+        group, field = self.ranked_by
+        scores: dict = {}
+        for row in rows_of(parts):
+            scores.setdefault(group_of(row[group]), []).append(row[field])
+        return {key: sorted(values) for key, values in scores.items()}
+
+
+def group_of(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def rows_of(parts):
+    for part in parts:
+        with open(part, encoding="utf-8") as handle:
+            for line in handle:
+                yield json.loads(line)
+
+
+def row_writer(handle, suffix: str, columns: list[str]):
+    """A function writing one row: a JSON line, or a CSV row (lists of labels joined by ';', conversations as JSON,
+    a dict-valued field spread over its CSV_PREFIXES columns)."""
+    if suffix != ".csv":
+        return lambda row: handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    writer = csv.DictWriter(handle, fieldnames=columns)
+    writer.writeheader()
+
+    def write(row):
+        flat = {}
+        for key, value in row.items():
+            if isinstance(value, dict):
+                flat.update({f"{CSV_PREFIXES.get(key, key + '_')}{k}": v for k, v in value.items()})
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                flat[key] = ";".join(value)
+            elif isinstance(value, (list, tuple)):
+                flat[key] = json.dumps(value, ensure_ascii=False)
+            else:
+                flat[key] = value
+        writer.writerow(flat)
+
+    return write
+
+
+def write_evaluation(args, model, evaluation: dict) -> None:
+    """The end of `evaluate`: the model saved in place when --calibrate changed it, the plots
+    (`draw(report_dir, training_log)`), report.json, the printed report and what --calibrate folded in."""
+    report = evaluation["report"]
+    if "calibration" in report:
+        save_in_place(model, Path(args.model))
+    report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
+    report_dir.mkdir(parents=True, exist_ok=True)
+    log = Path(args.model) / "training_log.json"
+    report["plots"] = evaluation["draw"](report_dir, json.loads(log.read_text()) if log.is_file() else None)
+    (report_dir / "report.json").write_text(json.dumps(report, indent=1))
+    print(evaluation["text"](report))
+    if "calibration" in report:
+        c = report["calibration"]
+        print(
+            f"calibrated: {evaluation['fitted']} {c['temperature']:.3f} folded into {args.model} (NLL "
+            f"{c['nll_before']:.4f} -> {c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
+        )
+    print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))
+
+
+def save_in_place(model, folder: Path) -> None:
+    """Save next to `folder`, then swap the files in, so an interrupted save leaves the old checkpoint whole."""
+    staging = folder / ".stable-models-saving"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    for item in staging.iterdir():
+        if item.name != "README.md":
+            os.replace(item, folder / item.name)
+    shutil.rmtree(staging, ignore_errors=True)
