@@ -34,6 +34,7 @@ PUBLIC = {
     "PackedCollator": "packing",
     "PackedPairCollator": "packing",
     "bradley_terry_loss": "losses",
+    "ranking_loss": "losses",
     "StableTrainer": "trainers",
     "PairwiseTrainer": "trainers",
     "NonFiniteError": "guards",
