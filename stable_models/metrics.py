@@ -166,3 +166,39 @@ def pairwise_metrics(chosen, rejected, subsets=None) -> dict:
             report["rewardbench_sections"] = sections
             report["rewardbench_score"] = sum(sections.values()) / len(sections)
     return report
+
+
+RANKING_CUTOFFS = (1, 5, 10)
+
+
+def ranking_metrics(scores, relevance, group_sizes, cutoffs=RANKING_CUTOFFS) -> dict:
+    """Ranking quality over query groups laid end to end (trec_eval's definitions, as ir-measures / pytrec_eval give
+    them, tested against ir-measures): NDCG@k with linear gain, MRR@10, MAP and Recall@k, each the mean over queries;
+    documents are ranked by score, ties in input order. `per_query_ndcg@10` keeps each query's NDCG@10 (for the
+    histogram). A query without a relevant document counts 0 everywhere (the checks refuse such groups)."""
+    scores = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
+    relevance = torch.as_tensor(relevance, dtype=torch.float64).reshape(-1)
+    sizes = [int(n) for n in group_sizes]
+    per_query: dict[str, list[float]] = {}
+    for group_scores, gains in zip(scores.split(sizes), relevance.split(sizes), strict=True):
+        order = torch.sort(group_scores, descending=True, stable=True).indices
+        ranked, ideal = gains[order], gains.sort(descending=True).values
+        relevant = ranked > 0
+        found = relevant.cumsum(0)
+        positions = torch.arange(1, len(ranked) + 1, dtype=torch.float64)
+        discount = 1 / torch.log2(positions + 1)
+        total = int(relevant.sum())
+        values = {}
+        for k in cutoffs:
+            best = (ideal[:k] * discount[:k]).sum()
+            values[f"ndcg@{k}"] = float((ranked[:k] * discount[:k]).sum() / best) if best > 0 else 0.0
+            values[f"recall@{k}"] = float(found[: min(k, len(found))][-1] / total) if total else 0.0
+        first = int(relevant.nonzero()[0]) + 1 if total else None
+        values["mrr@10"] = 1 / first if first is not None and first <= 10 else 0.0
+        values["map"] = float((found / positions)[relevant].sum() / total) if total else 0.0
+        for key, value in values.items():
+            per_query.setdefault(key, []).append(value)
+    report = {key: sum(values) / len(values) for key, values in per_query.items()}
+    report["queries"] = len(sizes)
+    report["per_query_ndcg@10"] = per_query.get("ndcg@10", [])
+    return report
