@@ -54,10 +54,19 @@ REWARD_KIND = (
 )
 
 
+RERANKER_KIND = (
+    "reranker: one output, `score` (higher is more relevant), for a (query, document) rendered with the template in "
+    "config.json (`reranker_template`, `reranker_instruction`), read at the last token"
+)
+
+
 def card_kind(config) -> tuple[str, str]:
-    """(what the model card calls the model, its hub tag): a reward model has one output labelled "reward"."""
+    """(what the model card calls the model, its hub tag): a reward model has one output labelled "reward", a
+    reranker keeps the template its inputs were rendered with."""
     if config.num_labels == 1 and str((config.id2label or {}).get(0)) == "reward":
         return REWARD_KIND, "reward-model"
+    if getattr(config, "reranker_template", None) is not None:
+        return RERANKER_KIND, "text-ranking"
     return "sequence classifier", "text-classification"
 
 

@@ -136,3 +136,43 @@ def pair_responses(features: list[dict]) -> list[dict]:
         responses.append({"input_ids": feature["chosen_input_ids"], "labels": torch.tensor(1)})
         responses.append({"input_ids": feature["rejected_input_ids"], "labels": torch.tensor(0)})
     return responses
+
+
+class PackedGroupCollator(PackedCollator):
+    """Padding-free reranking: features are query groups, each with `input_ids` (one token-id list per document) and
+    `relevance` (one per document), optionally `teacher` scores. Every document of the batch goes into packed rows
+    (a group is never split across batches), with `labels` = the relevances in feature order, `group_sizes` and
+    `teacher` for `stable_models.ranking_loss` (`RankingTrainer` passes them on)."""
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = super().__call__(group_documents(features))
+        return with_group_columns(batch, features)
+
+
+class PaddedGroupCollator:
+    """The same batches as PackedGroupCollator, padded (recurrent models; `--no-packing`)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, features: list[dict]) -> dict:
+        documents = group_documents(features)
+        batch = dict(self.tokenizer.pad({"input_ids": [d["input_ids"] for d in documents]}, return_tensors="pt"))
+        batch["labels"] = torch.stack([d["labels"] for d in documents])
+        return with_group_columns(batch, features)
+
+
+def group_documents(features: list[dict]) -> list[dict]:
+    """Every document of every group, in order, as a single example labelled with its relevance."""
+    return [
+        {"input_ids": ids, "labels": torch.tensor(float(relevance))}
+        for feature in features
+        for ids, relevance in zip(feature["input_ids"], feature["relevance"], strict=True)
+    ]
+
+
+def with_group_columns(batch: dict, features: list[dict]) -> dict:
+    batch["group_sizes"] = torch.tensor([len(f["input_ids"]) for f in features])
+    if "teacher" in features[0]:
+        batch["teacher"] = torch.tensor([float(t) for f in features for t in f["teacher"]])
+    return batch

@@ -11,9 +11,10 @@ over them, and passes it to the forward as `label_weight_total`: the micro-batch
 
 import functools
 
+import torch
 from transformers import Trainer
 
-from .losses import bradley_terry_loss
+from .losses import bradley_terry_loss, ranking_loss
 from .modeling_loss import total_class_weight
 
 
@@ -68,3 +69,51 @@ class PairwiseTrainer(StableTrainer):
             logits = logits.reshape(-1, 2)  # the collators' order: chosen_0, rejected_0, chosen_1, ...
             labels = None if labels is None else labels.reshape(-1, 2)[:, 0]
         return loss, logits, labels
+
+
+class RankingTrainer(StableTrainer):
+    """StableTrainer for rerankers on query groups (`PackedGroupCollator`): `ranking_loss` of the given `kind`
+    (listwise, pointwise, ranknet, distillation) with `temperature`, averaged over groups. Trainer's
+    `num_items_in_batch` counts the groups of every accumulated micro-batch (and process), so groups of any size add
+    up to the loss of the one big batch. Evaluation gives one row per group: its documents' scores and relevances,
+    padded with NaN and -100 to `group_width` (the widest eval group), so every batch's rows line up."""
+
+    def __init__(self, *args, loss: str = "listwise", temperature: float = 1.0, group_width=None, **kwargs):
+        self.loss_kind, self.temperature, self.group_width = loss, temperature, group_width
+        super().__init__(*args, compute_loss_func=group_ranking_loss, **kwargs)
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        count = torch.tensor(sum(len(batch["group_sizes"]) for batch in batch_samples), device=device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        self._label_weight_total = None
+        return count
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        groups = {"group_sizes": inputs.pop("group_sizes"), "teacher": inputs.pop("teacher", None)}
+        self.compute_loss_func = functools.partial(
+            group_ranking_loss, kind=self.loss_kind, temperature=self.temperature, **groups
+        )
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        sizes = inputs["group_sizes"].tolist()
+        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        if logits is not None:
+            width = self.group_width or max(sizes)
+            logits = pad_groups(logits.reshape(-1).float(), sizes, width, float("nan"))
+            labels = None if labels is None else pad_groups(labels.reshape(-1).float(), sizes, width, -100.0)
+        return loss, logits, labels
+
+
+def group_ranking_loss(outputs, labels, num_items_in_batch=None, group_sizes=None, teacher=None, **options):
+    return ranking_loss(
+        outputs["logits"], labels, group_sizes, teacher=teacher, num_items_in_batch=num_items_in_batch, **options
+    )
+
+
+def pad_groups(values, sizes, width, fill):
+    rows = values.new_full((len(sizes), width), fill)
+    for row, part in enumerate(values.split(sizes)):
+        rows[row, : len(part)] = part
+    return rows

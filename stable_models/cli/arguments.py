@@ -33,6 +33,38 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+GROUP_KEY_HELP = (
+    "reward models: rank each response within the rows sharing this column (best-of-n); rerankers: rank each "
+    "document within its query's rows (default: query)"
+)
+RANKING_LOSSES = ("listwise", "pointwise", "ranknet", "distillation")  # stable_models.losses.RANKING_LOSSES
+
+
+def ranking_options(t) -> None:
+    """train's options for rerankers (--task ranking, or query / pos / neg, query / positive / negative_N, ms-swift
+    files)."""
+    t.add_argument("--group-key", help="rerankers: group pointwise query / document / label rows by this column")
+    t.add_argument(
+        "--loss",
+        choices=RANKING_LOSSES,
+        help="rerankers: listwise softmax over each group (default; distillation where the file has teacher scores)",
+    )
+    t.add_argument("--temperature", type=float, help="rerankers: scores are divided by it in the loss (default: 1)")
+    t.add_argument("--negatives", type=int, help="rerankers: sample N negatives per group, anew each epoch")
+    t.add_argument(
+        "--template",
+        help="rerankers: pair (the tokenizer's text pair, default), qwen3 (Qwen3-Reranker's format) or a format string "
+        "with {query}, {document} and {instruction}",
+    )
+    t.add_argument("--instruction", help="rerankers: the {instruction} of the template (qwen3 has a default)")
+    t.add_argument(
+        "--init-from-tokens",
+        nargs=2,
+        metavar=("YES", "NO"),
+        help="rerankers: start the score head at W_lm[YES] - W_lm[NO], the causal LM's own log-odds",
+    )
+
+
 # transformers' SchedulerType values that need no extra arguments
 SCHEDULERS = (
     "linear",
@@ -106,13 +138,16 @@ def parser() -> argparse.ArgumentParser:
         "--task",
         default="auto",
         choices=["auto", *sorted(TASKS)],
-        help="auto: preference (a reward model) for 'chosen' / 'rejected' columns, else from the labels' kind",
+        help="auto: preference (a reward model) for 'chosen' / 'rejected' columns, ranking (a reranker) for query / "
+        "pos / neg, query / positive / negative_N or ms-swift's messages / positive_messages, else classification "
+        "(the labels' kind decides); pointwise query / document / label rows need --task ranking",
     )
     t.add_argument(
         "--center-rewards",
         type=float,
         help="reward models: add COEF x (r_chosen + r_rejected)^2 to the loss (TRL's center_rewards_coefficient)",
     )
+    ranking_options(t)
 
     e = commands.add_parser(
         "evaluate", help="metrics, calibration and plots on labelled data", formatter_class=HelpFormatter
@@ -121,7 +156,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model", help="a classifier folder (from train)")
     e.add_argument("--data", help="labelled data, same formats as train")
     data_keys(e)
-    e.add_argument("--label-key", default="label", help="the label column")
+    e.add_argument("--label-key", default="label", help="the label column (rerankers: the relevance of pointwise rows)")
+    e.add_argument("--group-key", help="rerankers: group pointwise rows by this column (default: query)")
     e.add_argument("--calibrate", action="store_true", help="fit a temperature (and multi-label thresholds), save them")
     e.add_argument("--report-dir", help="where report.json and the plots go (default: MODEL/evaluation)")
     e.add_argument("--batch-size", type=int, default=16, help="texts per forward")
@@ -134,9 +170,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward")
-    p.add_argument(
-        "--group-key", help="reward models: rank each response within the rows sharing this column (best-of-n)"
-    )
+    p.add_argument("--group-key", help=GROUP_KEY_HELP)
+    p.add_argument("--top-k", type=int, help="rerankers: keep the K best documents of each query")
     p.add_argument(
         "--engine", default="torch", choices=["torch", "vllm"], help="vllm: vLLM's pooling runner (serving extra)"
     )

@@ -21,7 +21,7 @@ from .data import (
     tokenize,
 )
 from .errors import CliError
-from .tasks import ModelInputs, Task, TrainingData, refuse_options
+from .tasks import RANKING_OPTIONS, ModelInputs, Task, TrainingData, refuse_options
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
@@ -65,7 +65,7 @@ class Classification(Task):
         return ("mse", False) if data.problem_type == REGRESSION else ("f1_macro", True)
 
     def model_options(self, args, data: TrainingData) -> dict:
-        refuse_options(args, ["center_rewards"])
+        refuse_options(args, ["center_rewards", *RANKING_OPTIONS])
         options = super().model_options(args, data)
         if args.class_weights:
             if data.problem_type != SINGLE:

@@ -191,6 +191,7 @@ def train(args) -> int:
         model = load_base_model(args, load, dtype)
         setup_pad_token(tokenizer, model)
         task.prepare(args, data, tokenizer, job.say)
+        task.prepare_model(args, model, tokenizer, job.say)
         limit = length_limit(args, model)
         train_set, eval_set = job.main_first(lambda: task.tokenize(args, tokenizer, limit, data, job.say))
         job.say(
@@ -238,6 +239,7 @@ def evaluate(args) -> int:
     task.check_options(args, model.config, "evaluate")
     table = job.main_first(lambda: read_table(args.data))
     spec = job.on_main(lambda: task.scoring_input(args, table, model.config, tokenizer, "evaluate", job.say))
+    table = job.main_first(lambda: task.scored_table(args, table, spec))
     batches = scored_batches(
         job,
         table,
@@ -276,6 +278,7 @@ def predict(args) -> int:
     task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data))
     spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "predict", job.say))
+    table = job.main_first(lambda: task.scored_table(args, table, spec))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
     if args.engine == "vllm":
@@ -294,7 +297,7 @@ def predict(args) -> int:
         engine = torch_engine(model, tokenizer, args.batch_size)
     job.barrier()
     columns = task.prediction_columns(spec, config, args)
-    writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args))
+    writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args), args.top_k)
     render = task.render(spec, tokenizer, args)
     try:
         for batch, scores in scored_batches(job, table, task.scored_columns(spec, args), render, engine):

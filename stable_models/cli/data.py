@@ -5,6 +5,7 @@ and scoring streams the rows in order. Memory stays flat in the number of rows.
 Each problem is a `CliError` naming the file, the column and the first bad row, raised before anything is written.
 """
 
+import contextlib
 import numbers
 import os
 from pathlib import Path
@@ -46,24 +47,34 @@ def read_table(path):
         builder, options = {".csv": ("csv", {}), ".tsv": ("csv", {"sep": "\t"}), ".parquet": ("parquet", {})}.get(
             kind, ("json", {})
         )
-        progress = datasets.utils.logging.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # one line per file read is noise in a command's output
         try:
-            table = datasets.load_dataset(builder, data_files=str(source.resolve()), split="train", **options)
+            with no_progress_bars():  # one line per file read is noise in a command's output
+                table = datasets.load_dataset(builder, data_files=str(source.resolve()), split="train", **options)
         except Exception as error:  # datasets wraps the reader's error (pandas, pyarrow, json) in its own
             cause = error.__cause__ or error
             message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             if "No columns to parse" in message or "Empty" in message:
                 raise CliError(f"{path} is empty") from None
             raise CliError(f"{path}: cannot be read as {kind[1:]}: {message}") from None
-        finally:
-            if progress:
-                datasets.enable_progress_bars()
         if kind == ".json":
             table = columns_layout(table)
     if len(table) == 0:
         raise CliError(f"{path} is empty (no rows)")
     return table
+
+
+@contextlib.contextmanager
+def no_progress_bars():
+    """datasets' progress bars off for a step that only reads or checks (bad input then prints one line)."""
+    import datasets
+
+    enabled = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets.enable_progress_bars()
 
 
 def columns_layout(table):

@@ -203,12 +203,12 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
     return LengthGroupedTrainer(
         model=model,
         args=training,
-        train_dataset=train_set,
+        train_dataset=task.training_set(args, train_set),
         eval_dataset=eval_set,
         data_collator=task.collator(tokenizer, packing),
         compute_metrics=task.compute_metrics(data),
         callbacks=callbacks,
-        **task.trainer_options(args),
+        **task.trainer_options(args, data, eval_set),
     )
 
 

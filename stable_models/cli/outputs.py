@@ -18,11 +18,12 @@ CSV_PREFIXES = {"probabilities": "p_"}  # a dict-valued field becomes one CSV co
 class PredictionWriter:
     """predict's rows as they are scored: each rank appends JSON lines to its own part file; `finish` has rank 0 join
     the parts in rank order into --output's format, adding each row's rank within its group when `ranked_by` =
-    (group column, score field) is given, and move the result onto --output only when it is complete. Ranks need
-    only (group, score) per row in memory: one pass over the parts collects them, a second writes."""
+    (group column, score field) is given (keeping the `top_k` best of each group), and move the result onto --output
+    only when it is complete. Ranks need only (group, score) per row in memory: one pass over the parts collects
+    them, a second writes."""
 
-    def __init__(self, output: Path, job, columns: list[str], ranked_by=None):
-        self.output, self.job, self.columns, self.ranked_by = output, job, columns, ranked_by
+    def __init__(self, output: Path, job, columns: list[str], ranked_by=None, top_k=None):
+        self.output, self.job, self.columns, self.ranked_by, self.top_k = output, job, columns, ranked_by, top_k
         self.part = self.part_of(job.rank)
         self.handle = open(self.part, "w", encoding="utf-8")
 
@@ -52,6 +53,8 @@ class PredictionWriter:
                         group, field = self.ranked_by
                         scores = ranks[group_of(row[group])]
                         row["rank"] = len(scores) - bisect.bisect_right(scores, row[field]) + 1  # 1 = highest
+                        if self.top_k and row["rank"] > self.top_k:
+                            continue
                     write_row(row)
             os.replace(joined, self.output)
         finally:

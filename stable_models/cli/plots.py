@@ -100,3 +100,24 @@ def save_figure(figure, path: Path) -> str:
 
     plt.close(figure)
     return str(path)
+
+
+def plot_ranking(report, first_stage_ndcg, folder: Path, training_log=None) -> list[str]:
+    """A reranker's plots: the per-query NDCG@10 histogram (reranker beside the first stage), the training curves."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    figure, axes = plt.subplots(figsize=(5.5, 3.8))
+    bins = [i / 20 for i in range(21)]
+    axes.hist(first_stage_ndcg, bins=bins, alpha=0.6, label=f"first stage ({report['first_stage']['ndcg@10']:.3f})")
+    axes.hist(report["per_query_ndcg@10"], bins=bins, alpha=0.6, label=f"reranker ({report['ndcg@10']:.3f})")
+    axes.set(xlabel="NDCG@10", ylabel="queries", title="NDCG@10 per query")
+    axes.legend()
+    written = [save_figure(figure, folder / "ndcg_per_query.png")]
+    if training_log:
+        written.append(training_curves(plt, training_log, folder))
+    return written

@@ -21,7 +21,7 @@ from .preference_data import (
     response_layout,
     template_summary,
 )
-from .tasks import ModelInputs, Task, TrainingData, refuse_options
+from .tasks import RANKING_OPTIONS, ModelInputs, Task, TrainingData, refuse_options
 
 REWARD = "reward"  # the one label of a reward model (config.id2label)
 PAIR_SCORES = ["reward_chosen", "reward_rejected", "preferred", "probability_chosen"]
@@ -52,7 +52,7 @@ class Preference(Task):
         return TrainingData(self, table, eval_table, "regression", [REWARD], tuple(layouts))
 
     def model_options(self, args, data) -> dict:
-        refuse_options(args, ["class_weights", "label_smoothing", "pos_weight"])
+        refuse_options(args, ["class_weights", "label_smoothing", "pos_weight", *RANKING_OPTIONS])
         return super().model_options(args, data)
 
     def describe_model(self, data) -> str:
@@ -94,7 +94,7 @@ class Preference(Task):
 
         return PairwiseTrainer
 
-    def trainer_options(self, args) -> dict:
+    def trainer_options(self, args, data, eval_set) -> dict:
         return {"center_rewards": args.center_rewards}
 
     def compute_metrics(self, data):

@@ -14,7 +14,7 @@ from .errors import CliError
 
 # the tasks, in the order `--task auto` asks them whether a training file is theirs (the first that claims it wins;
 # classification, which claims every file, comes last)
-TASKS = ("preference", "classification")
+TASKS = ("preference", "ranking", "classification")
 LENGTH_UNLIMITED = 10**9
 
 
@@ -66,7 +66,14 @@ LOSS_OPTIONS = {
     "label_smoothing": "--label-smoothing applies to single-label classification",
     "pos_weight": "--pos-weight applies to multi-label classification",
     "center_rewards": "--center-rewards applies to reward models (preference data)",
+    "loss": "--loss applies to rerankers (--task ranking)",
+    "temperature": "--temperature applies to rerankers (--task ranking)",
+    "negatives": "--negatives applies to rerankers (--task ranking)",
+    "template": "--template applies to rerankers (--task ranking)",
+    "instruction": "--instruction applies to rerankers (--task ranking)",
+    "init_from_tokens": "--init-from-tokens applies to rerankers (--task ranking)",
 }
+RANKING_OPTIONS = ["loss", "temperature", "negatives", "template", "instruction", "init_from_tokens"]
 
 
 def refuse_options(args, names) -> None:
@@ -90,11 +97,12 @@ class Task:
     """The steps every task implements, in the order the commands ask them.
 
     train: `claims` (auto-detection) -> `read` (read and check --train / --eval) -> `model_options` (the head and its
-    loss) -> `prepare` (checks that need the tokenizer; what train prints about rendering) -> `tokenize` -> `collator`,
-    `trainer_class`, `trainer_options`, `compute_metrics`, `best_metric` (the Trainer) -> `preflight_examples`.
-    evaluate / predict: `owns_model` -> `check_options` -> `scoring_input` (read and check the file) -> `render`
-    (a batch of rows as token ids, one list per scored side) -> `evaluation` (the report) or `prediction_columns` and
-    `prediction_rows` (what predict writes).
+    loss) -> `prepare` (checks that need the tokenizer; what train prints about rendering) -> `prepare_model` ->
+    `tokenize` -> `training_set`, `collator`, `trainer_class`, `trainer_options`, `compute_metrics`, `best_metric`
+    (the Trainer) -> `preflight_examples`.
+    evaluate / predict: `owns_model` -> `check_options` -> `scoring_input` (read and check the file) ->
+    `scored_table` -> `render` (a batch of rows as token ids, one list per scored side) -> `evaluation` (the report) or
+    `prediction_columns` and `prediction_rows` (what predict writes).
     """
 
     name = ""
@@ -127,8 +135,15 @@ class Task:
     def prepare(self, args, data: TrainingData, tokenizer, say) -> None:
         """Checks that need the tokenizer (a chat template), and what train says about how rows become tokens."""
 
+    def prepare_model(self, args, model, tokenizer, say) -> None:
+        """Changes to the freshly loaded model before adapters are attached (a reranker's head from LM tokens)."""
+
     def tokenize(self, args, tokenizer, limit: int, data: TrainingData, say) -> tuple:
         raise NotImplementedError
+
+    def training_set(self, args, train_set):
+        """The training table as the Trainer draws from it (a reranker samples negatives anew each epoch)."""
+        return train_set
 
     def longest(self, train_set, tokenizer) -> int:
         return tokenizer.model_max_length
@@ -141,7 +156,7 @@ class Task:
 
         return StableTrainer
 
-    def trainer_options(self, args) -> dict:
+    def trainer_options(self, args, data: TrainingData, eval_set) -> dict:
         return {}
 
     def compute_metrics(self, data: TrainingData):
@@ -163,6 +178,10 @@ class Task:
     def scoring_input(self, args, table, config, tokenizer, command: str, say):
         """Check the evaluate / predict file; returns what `render` and the report need (sent to every rank)."""
         raise NotImplementedError
+
+    def scored_table(self, args, table, spec):
+        """The table whose rows are scored (a reranker scores one row per document of each group)."""
+        return table
 
     def scored_columns(self, spec, args) -> list[str]:
         raise NotImplementedError

@@ -1,0 +1,297 @@
+"""Ranking: rerankers trained on query groups (a query, one or more relevant documents, hard negatives) with a
+listwise loss (or pointwise, RankNet, distillation from teacher scores), packed padding-free with every group whole
+in one micro-batch; evaluated by NDCG, MRR, MAP and Recall over queries beside the first stage's order; a score and a
+rank per document out. A reranker is a Stable classifier with one output labelled "score"; its config keeps the
+template its inputs were rendered with, so evaluate, predict and vLLM read the same tokens."""
+
+import random
+import sys
+from functools import partial
+
+import torch
+
+from ..metrics import pair_logits, ranking_metrics
+from .data import column_max, read_table, split_eval
+from .errors import CliError
+from .ranking_data import Template, explode, ranking_layout, read_groups, tokenized_groups
+from .tasks import ModelInputs, Task, TrainingData, refuse_options
+
+SCORE = "score"  # the one label of a reranker (config.id2label)
+METRIC_KEYS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@1", "recall@5", "recall@10")
+
+
+class Ranking(Task):
+    name = "ranking"
+    noun = "query groups"
+    summary_keys = ("ndcg@10", "mrr@10", "map", "loss")
+
+    def claims(self, table) -> bool:
+        return ranking_layout(table) is not None and ranking_layout(table).kind != "pointwise"
+
+    def owns_model(self, config) -> bool:
+        return getattr(config, "reranker_template", None) is not None
+
+    # --- train
+    def read(self, args, table, say) -> TrainingData:
+        layout = require_layout(table, args, args.train)
+        groups = read_groups(table, layout, args, args.train)
+        if args.eval:
+            eval_table = read_table(args.eval)
+            eval_groups = read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval)
+        else:
+            groups, eval_groups = split_eval(groups, args.eval_fraction, args.seed)
+        return TrainingData(self, groups, eval_groups, "regression", [SCORE], (layout,))
+
+    def model_options(self, args, data) -> dict:
+        refuse_options(args, ["class_weights", "label_smoothing", "pos_weight", "center_rewards"])
+        Template(args.template or "pair", args.instruction)  # a bad --template stops before the model loads
+        return super().model_options(args, data)
+
+    def describe_model(self, data) -> str:
+        return "reranker"
+
+    def prepare(self, args, data, tokenizer, say) -> None:
+        template = Template(args.template or "pair", args.instruction)
+        loss = loss_kind(args, data)
+        say(
+            f"[train] query groups ({data.details[0].describe()}), {loss} loss: {template.describe()}",
+            file=sys.stderr,
+        )
+
+    def prepare_model(self, args, model, tokenizer, say) -> None:
+        """--init-from-tokens YES NO: the score head becomes W_lm[YES] - W_lm[NO], so the untrained reranker gives
+        the causal LM's own log-odds of YES over NO at the last position (ms-swift's generative reranker, vLLM's
+        from_2_way_softmax). The config keeps the template, so evaluate, predict and vLLM render as training did."""
+        template = Template(args.template or "pair", args.instruction)
+        model.config.reranker_template, model.config.reranker_instruction = template.text, template.instruction
+        if args.init_from_tokens:
+            yes, no = args.init_from_tokens
+            init_score_from_tokens(model, args.model, tokenizer, yes, no, args.gguf_file)
+            say(f"[train] score head = W_lm[{yes!r}] - W_lm[{no!r}] (the LM's log-odds)", file=sys.stderr)
+
+    def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
+        template = Template(args.template or "pair", args.instruction)
+        sets = [tokenized_groups(groups, tokenizer, template, limit) for groups in (data.train, data.eval)]
+        tokenizer.model_max_length = max(column_max(s, "longest") for s in sets)
+        return tuple(sets)
+
+    def longest(self, train_set, tokenizer) -> int:
+        return column_max(train_set, "longest")
+
+    def collator(self, tokenizer, packing: bool):
+        from ..packing import PackedGroupCollator, PaddedGroupCollator
+
+        inner = PackedGroupCollator(pad_token_id=tokenizer.pad_token_id) if packing else PaddedGroupCollator(tokenizer)
+        return ModelInputs(inner, ("input_ids", "relevance", "teacher"))
+
+    def training_set(self, args, train_set):
+        """--negatives N: each time a group is drawn (every epoch), N of its negatives, sampled anew."""
+        if not args.negatives:
+            return train_set
+        return train_set.with_transform(partial(sample_negatives, count=args.negatives, rng=random.Random(args.seed)))
+
+    def trainer_class(self):
+        from ..trainers import RankingTrainer
+
+        return RankingTrainer
+
+    def trainer_options(self, args, data, eval_set) -> dict:
+        widest = max((len(ids) for ids in eval_set["relevance"]), default=1)
+        return {"loss": loss_kind(args, data), "temperature": args.temperature or 1.0, "group_width": widest}
+
+    def compute_metrics(self, data):
+        return compute_group_metrics
+
+    def best_metric(self, data):
+        return "ndcg@10", True
+
+    def preflight_examples(self, data, train_set) -> tuple:
+        """The first groups' documents (at most 8) and their relevances (a regression loss: the check is of the
+        model's numerics, not of the ranking loss)."""
+        first = train_set[: min(4, len(train_set))]
+        ids = [i for group in first["input_ids"] for i in group][:8]
+        labels = [float(r) for group in first["relevance"] for r in group][:8]
+        return ids, labels, torch.float32
+
+    # --- evaluate and predict
+    def scoring_input(self, args, table, config, tokenizer, command, say):
+        layout = require_layout(table, args, args.data)
+        positions = getattr(config.get_text_config(), "max_position_embeddings", None) or 10**9
+        spec = {
+            "layout": layout,
+            "template": config.reranker_template,
+            "instruction": getattr(config, "reranker_instruction", None),
+            "limit": min(tokenizer.model_max_length, positions),
+            "rows": command == "predict" and layout.kind == "pointwise",  # scored as they are, ranked by group
+        }
+        if spec["rows"]:
+            from .data import check_texts
+
+            check_texts(table, _Keys("query", "document"), args.data)
+            if args.group_key:
+                from .data import require_column
+
+                require_column(table, args.group_key, args.data, "--group-key")
+        else:
+            read_groups(table, layout, args, args.data, need_positive=command == "evaluate")
+        return spec
+
+    def scored_table(self, args, table, spec):
+        if spec["rows"]:
+            return table
+        return explode(read_groups(table, spec["layout"], args, args.data, need_positive=False))
+
+    def scored_columns(self, spec, args) -> list[str]:
+        if spec["rows"]:
+            return list(dict.fromkeys(["query", "document"] + ([args.group_key] if args.group_key else [])))
+        return ["group", "query", "document", "relevance", "position", "prompt"]
+
+    def render(self, spec, tokenizer, args):
+        template = Template(spec["template"], spec["instruction"])
+
+        def render(batch):
+            prompts = batch.get("prompt")
+            return [template.ids(tokenizer, batch["query"], batch["document"], spec["limit"], prompts)]
+
+        return render
+
+    def evaluation(self, args, model, table, spec, scores) -> dict:
+        """NDCG@1/5/10, MRR@10, MAP, Recall@1/5/10 over queries, the same for the input's own order (the first stage)
+        and the lift; --calibrate fits a temperature to sigmoid(score) as the probability of relevance."""
+        from ..calibration import calibrate_logits
+        from .plots import plot_ranking
+
+        scores = scores[:, 0, 0].double()
+        groups = table["group"]
+        sizes = [len(list(run)) for run in _runs(groups)]
+        relevance = torch.tensor(table["relevance"], dtype=torch.float64)
+        ours = ranking_metrics(scores, relevance, sizes)
+        first_stage = ranking_metrics(-torch.tensor(table["position"], dtype=torch.float64), relevance, sizes)
+        report = {
+            "task": self.name,
+            **{k: ours[k] for k in (*METRIC_KEYS, "queries")},
+            "documents": len(scores),
+            "first_stage": {k: first_stage[k] for k in METRIC_KEYS},
+            "lift": {k: ours[k] - first_stage[k] for k in METRIC_KEYS},
+            "per_query_ndcg@10": ours["per_query_ndcg@10"],
+        }
+        if args.calibrate:
+            targets = (relevance > 0).long().tolist()
+            report["calibration"], _ = calibrate_logits(
+                model, pair_logits(scores, torch.zeros_like(scores)), targets, "single_label_classification"
+            )
+        draw = partial(plot_ranking, report, first_stage["per_query_ndcg@10"])
+        return {"report": report, "draw": draw, "text": report_text, "fitted": "relevance temperature"}
+
+    def prediction_columns(self, spec, config, args) -> list[str]:
+        if spec["rows"]:
+            key = [args.group_key] if args.group_key and args.group_key not in ("query", "document") else []
+            return ["query", *key, "document", "score", "rank"]
+        return ["group", "query", "document", "score", "rank"]
+
+    def prediction_rows(self, batch, scores, spec, config, args) -> list[dict]:
+        copied = [c for c in self.prediction_columns(spec, config, args) if c in batch]
+        rows = []
+        for i, value in enumerate(scores[:, 0, 0].tolist()):
+            row = {c: batch[c][i] for c in copied}
+            if not spec["rows"]:
+                row["group"] = batch["group"][i] + 1  # the group's number in the input (1 = first)
+            row["score"] = value
+            rows.append(row)
+        return rows
+
+    def ranked_by(self, spec, args):
+        return ((args.group_key or "query") if spec["rows"] else "group", "score")
+
+
+class _Keys:
+    """check_texts' view of the query / document columns."""
+
+    def __init__(self, text_key, text_pair_key):
+        self.text_key, self.text_pair_key = text_key, text_pair_key
+
+
+def _runs(values):
+    from itertools import groupby
+
+    return (list(run) for _, run in groupby(values))
+
+
+def require_layout(table, args, path):
+    layout = ranking_layout(table)
+    if layout is None:
+        raise CliError(
+            f"{path}: not reranking data (columns: {', '.join(table.column_names)}); use query / pos / neg "
+            "(FlagEmbedding), query / positive / negative_1..n (sentence-transformers), messages / positive_messages / "
+            "negative_messages (ms-swift) or query / document / label rows"
+        )
+    return layout
+
+
+def loss_kind(args, data) -> str:
+    """--loss, or by default distillation where the file has teacher scores and listwise otherwise."""
+    if args.loss:
+        if args.loss == "distillation" and not data.details[0].teacher:
+            raise CliError("--loss distillation needs teacher scores (pos_scores / neg_scores columns)")
+        return args.loss
+    return "distillation" if data.details[0].teacher else "listwise"
+
+
+def sample_negatives(batch, count: int, rng):
+    """A with_transform over tokenized groups: every positive, and `count` negatives drawn anew at each access."""
+    out = {key: [] for key in batch}
+    for i in range(len(batch["relevance"])):
+        relevance = batch["relevance"][i]
+        positives = [j for j, r in enumerate(relevance) if r > 0]
+        negatives = [j for j, r in enumerate(relevance) if r <= 0]
+        kept = sorted(positives + rng.sample(negatives, min(count, len(negatives))))
+        for key in batch:
+            value = batch[key][i]
+            out[key].append([value[j] for j in kept] if key in ("input_ids", "relevance", "teacher") else value)
+    return out
+
+
+def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_file=None) -> None:
+    """score.weight = W_lm[yes] - W_lm[no] (bias 0), from the causal LM's output embeddings (tied or not)."""
+    from transformers import AutoModelForCausalLM
+
+    ids = []
+    for token in (yes, no):
+        encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
+        if len(encoded) != 1:
+            raise CliError(
+                f"--init-from-tokens: {token!r} is {len(encoded)} tokens for this tokenizer; give single tokens"
+            )
+        ids.append(encoded[0])
+    options = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options)
+    except (OSError, ValueError) as error:
+        raise CliError(f"--init-from-tokens: {folder} has no causal LM head ({str(error).splitlines()[0]})") from None
+    head = lm.get_output_embeddings().weight.detach().float()
+    with torch.no_grad():
+        model.score.weight.copy_((head[ids[0]] - head[ids[1]]).reshape(model.score.weight.shape))
+        if model.score.bias is not None:
+            model.score.bias.zero_()
+    del lm
+
+
+def compute_group_metrics(prediction) -> dict:
+    """Trainer's evaluation: one row per group (RankingTrainer.prediction_step), padded with NaN / -100."""
+    logits = torch.as_tensor(prediction.predictions).double()
+    labels = torch.as_tensor(prediction.label_ids).double()
+    valid = labels >= 0
+    sizes = valid.sum(-1).tolist()
+    report = ranking_metrics(logits[valid], labels[valid], sizes)
+    return {k: v for k, v in report.items() if isinstance(v, float)}
+
+
+def report_text(report) -> str:
+    lines = [f"reranking, {report['queries']} queries, {report['documents']} documents"]
+    lines.append(f"  {'':10} {'reranker':>9} {'first stage':>12} {'lift':>8}")
+    for key in METRIC_KEYS:
+        lines.append(f"  {key:10} {report[key]:9.4f} {report['first_stage'][key]:12.4f} {report['lift'][key]:+8.4f}")
+    return "\n".join(lines)
+
+
+TASK = Ranking()

@@ -1,0 +1,304 @@
+"""Reranking data in the layouts users have, read and checked into one shape: a table of query groups (`query`,
+`documents`, `relevance`, optional `teacher` scores, `row`: the first input row of the group).
+
+- FlagEmbedding: `query`, `pos` (list), `neg` (list), optional `pos_scores` / `neg_scores` (teacher scores) and
+  `prompt` (an instruction per row);
+- sentence-transformers n-tuples: `query`, `positive`, `negative` or `negative_1` ... `negative_n`;
+- ms-swift: `messages` (the query is the last user turn), `positive_messages`, `negative_messages` (lists of
+  conversations; a document is its messages' content);
+- pointwise rows: `query`, `document` and a relevance (`--label-key`, 0/1 or graded 0-3), grouped by `query` or
+  `--group-key`.
+
+Each (query, document) becomes token ids through a template (`Template`): the tokenizer's text pair, Qwen3-Reranker's
+instruction format, or the user's own; an over-long input is cut in the document, never in the query or the template.
+"""
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from .data import CHECK_BATCH, MAP_BATCH, no_progress_bars, require_column, workers
+from .errors import CliError
+
+QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+QWEN3 = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n"
+    "<think>\n\n</think>\n\n"
+)
+TEMPLATES = {"pair": "pair", "qwen3": QWEN3}  # built-in names; any other --template is a format string
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # "flag", "tuples", "messages" or "pointwise"
+    teacher: bool = False
+    prompt: bool = False
+
+    def describe(self) -> str:
+        names = {
+            "flag": "FlagEmbedding query / pos / neg",
+            "tuples": "sentence-transformers query / positive / negatives",
+            "messages": "ms-swift messages / positive_messages / negative_messages",
+            "pointwise": "pointwise query / document / relevance rows",
+        }
+        return names[self.kind] + (", teacher scores" if self.teacher else "")
+
+
+def negative_columns(columns) -> list[str]:
+    numbered = sorted((c for c in columns if c.startswith("negative_") and c[9:].isdigit()), key=lambda c: int(c[9:]))
+    return numbered or (["negative"] if "negative" in columns else [])
+
+
+def ranking_layout(table, args=None) -> Layout | None:
+    """Which layout a table has, or None (not reranking data). Pointwise rows need `query` and `document` (and are
+    not taken for a text-pair classifier's file, which names its columns with --text-key / --text-pair-key)."""
+    columns = set(table.column_names)
+    if {"query", "pos"} <= columns:
+        return Layout("flag", teacher="pos_scores" in columns, prompt="prompt" in columns)
+    if {"query", "positive"} <= columns:
+        return Layout("tuples")
+    if {"messages", "positive_messages"} <= columns:
+        return Layout("messages")
+    if {"query", "document"} <= columns and not (args is not None and getattr(args, "text_pair_key", None)):
+        return Layout("pointwise")
+    return None
+
+
+def content(messages) -> str:
+    return "\n".join(str(m.get("content") or "") for m in messages or [])
+
+
+def last_user_turn(messages) -> str:
+    users = [m for m in messages or [] if m.get("role") == "user"]
+    return str((users[-1] if users else {}).get("content") or "")
+
+
+def to_groups(batch, indices, layout: Layout):
+    """One `map` batch of grouped rows as query groups."""
+    out = {"query": [], "documents": [], "relevance": [], "row": [], "prompt": []}
+    if layout.teacher:
+        out["teacher"] = []
+    count = len(next(iter(batch.values())))
+    for i in range(count):
+        if layout.kind == "flag":
+            positives, negatives = list(batch["pos"][i] or []), list(batch["neg"][i] or []) if "neg" in batch else []
+            query = batch["query"][i]
+        elif layout.kind == "tuples":
+            positives = [batch["positive"][i]]
+            negatives = [batch[c][i] for c in negative_columns(batch) if batch[c][i] is not None]  # rows may have fewer
+            query = batch["query"][i]
+        else:
+            positives = [content(m) for m in batch["positive_messages"][i] or []]
+            negatives = [content(m) for m in (batch.get("negative_messages") or [[]] * count)[i] or []]
+            query = last_user_turn(batch["messages"][i])
+        out["query"].append(query)
+        out["documents"].append(positives + negatives)
+        out["relevance"].append([1.0] * len(positives) + [0.0] * len(negatives))
+        out["row"].append(indices[i] + 1)
+        out["prompt"].append(batch["prompt"][i] if layout.prompt else None)
+        if layout.teacher:
+            out["teacher"].append(
+                list(batch["pos_scores"][i] or []) + list(batch.get("neg_scores", [[]] * count)[i] or [])
+            )
+    return out
+
+
+def read_groups(table, layout: Layout, args, path, need_positive=True):
+    """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise."""
+    if layout.kind == "pointwise":
+        groups = pointwise_groups(table, args, path)
+    else:
+        with no_progress_bars():
+            groups = table.map(
+                to_groups,
+                batched=True,
+                batch_size=MAP_BATCH,
+                with_indices=True,
+                remove_columns=table.column_names,
+                fn_kwargs={"layout": layout},
+                desc="grouping",
+            )
+    check_groups(groups, path, need_positive, layout)
+    return groups
+
+
+def pointwise_groups(table, args, path):
+    """Pointwise rows grouped by `query` (or --group-key), groups in the order of their first row."""
+    import datasets
+    import pyarrow.compute as pc
+
+    from .data import arrow_batches, first_true
+
+    key = getattr(args, "group_key", None) or "query"
+    label = getattr(args, "label_key", None) or "label"
+    for column, flag in (("query", "--task ranking"), ("document", "--task ranking"), (key, "--group-key")):
+        require_column(table, column, path, flag)
+    require_column(table, label, path, "--label-key")
+    count, first = first_true(pc.is_null(b.column(label), nan_is_null=True) for b in arrow_batches(table, [label]))
+    if count:
+        raise CliError(
+            f"{path}: relevance {label!r} is missing or NaN in {count} row(s), first at row {first + 1}; fill or drop "
+            "those rows"
+        )
+    frame = table.select_columns(list(dict.fromkeys(["query", "document", label, key]))).to_pandas()
+    relevance = frame[label]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in relevance.head(1000)):
+        raise CliError(f"{path}: relevance {label!r} must hold numbers (0/1, or graded 0-3)")
+    relevance = relevance.astype("float64")
+    bad = (~relevance.map(math.isfinite)) | (relevance < 0)
+    if bad.any():
+        raise CliError(
+            f"{path}: relevance {label!r} is negative or not finite in {int(bad.sum())} row(s), first at row "
+            f"{int(bad.to_numpy().nonzero()[0][0]) + 1}; use 0 for irrelevant and positive grades for relevant"
+        )
+    frame["_relevance"], frame["_row"] = relevance, range(1, len(frame) + 1)
+    grouped = frame.groupby(frame[key].map(str), sort=False)
+    return datasets.Dataset.from_dict(
+        {
+            "query": [str(g["query"].iloc[0]) for _, g in grouped],
+            "documents": [[str(d) for d in g["document"]] for _, g in grouped],
+            "relevance": [g["_relevance"].tolist() for _, g in grouped],
+            "row": [int(g["_row"].iloc[0]) for _, g in grouped],
+            "prompt": [None] * grouped.ngroups,
+        }
+    )
+
+
+def check_groups(groups, path, need_positive: bool, layout: Layout) -> None:
+    """A group needs a query, non-empty documents, finite relevances and teacher scores (one per document), and,
+    for training and evaluation, a positive document."""
+    problems = {
+        "query missing or empty": [],
+        "a document missing or empty": [],
+        "no document": [],
+        "relevance not finite": [],
+        "no positive document": [],
+        "teacher scores missing, not finite or not one per document": [],
+    }
+    for batch in groups.iter(batch_size=CHECK_BATCH):
+        for i, row in enumerate(batch["row"]):
+            documents, relevance = batch["documents"][i], batch["relevance"][i]
+            if not str(batch["query"][i] or "").strip():
+                problems["query missing or empty"].append(row)
+            if not documents:
+                problems["no document"].append(row)
+            if any(not str(d or "").strip() for d in documents):
+                problems["a document missing or empty"].append(row)
+            if any(r is None or not math.isfinite(r) for r in relevance):
+                problems["relevance not finite"].append(row)
+            elif need_positive and not any(r > 0 for r in relevance):
+                problems["no positive document"].append(row)
+            if "teacher" in batch:
+                teacher = batch["teacher"][i] or []
+                if len(teacher) != len(documents) or any(t is None or not math.isfinite(t) for t in teacher):
+                    problems["teacher scores missing, not finite or not one per document"].append(row)
+    fixes = {
+        "no positive document": "every query needs at least one relevant document",
+        "teacher scores missing, not finite or not one per document": "give pos_scores / neg_scores as long as "
+        "pos / neg",
+    }
+    unit = "group(s)" if layout.kind == "pointwise" else "row(s)"
+    for problem, rows in problems.items():
+        if rows:
+            where = f"first at row {rows[0]}" + (" (the group's first row)" if layout.kind == "pointwise" else "")
+            fix = fixes.get(problem, "fill or drop those rows")
+            raise CliError(f"{path}: {problem} in {len(rows)} {unit}, {where}; {fix}")
+
+
+def explode(groups):
+    """One row per document: `group` (the group's index), `query`, `document`, `relevance`, `position` in the group
+    (the first stage's rank), `prompt`."""
+
+    def rows(batch, indices):
+        out = {"group": [], "query": [], "document": [], "relevance": [], "position": [], "prompt": []}
+        for i, index in enumerate(indices):
+            for position, (document, relevance) in enumerate(
+                zip(batch["documents"][i], batch["relevance"][i], strict=True)
+            ):
+                out["group"].append(index)
+                out["query"].append(batch["query"][i])
+                out["document"].append(document)
+                out["relevance"].append(relevance)
+                out["position"].append(position)
+                out["prompt"].append(batch["prompt"][i])
+        return out
+
+    with no_progress_bars():
+        return groups.map(rows, batched=True, with_indices=True, remove_columns=groups.column_names)
+
+
+class Template:
+    """How a (query, document) becomes token ids: `pair` (the tokenizer's text pair), `qwen3` (Qwen3-Reranker's
+    instruction format) or a format string with {query} and {document} (and optionally {instruction}). The document
+    is what gets cut when an input is longer than `limit`."""
+
+    def __init__(self, text: str, instruction: str | None):
+        self.text = TEMPLATES.get(text, text)
+        if self.text != "pair" and ("{query}" not in self.text or "{document}" not in self.text):
+            raise CliError(f"--template {text!r}: use pair, qwen3, or a format string with {{query}} and {{document}}")
+        self.instruction = instruction if instruction is not None else QWEN3_INSTRUCTION
+
+    def describe(self) -> str:
+        digest = hashlib.sha256(f"{self.text}\0{self.instruction}".encode()).hexdigest()[:12]
+        if self.text == "pair":
+            return f"the tokenizer's text pair (query, document) (sha256 {digest}...)"
+        return f"template of {len(self.text)} characters, instruction {self.instruction!r} (sha256 {digest}...)"
+
+    def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> list[list[int]]:
+        if self.text == "pair":
+            return pair_ids(tokenizer, queries, documents, limit)
+        instructions = [p or self.instruction for p in (prompts or [None] * len(queries))]
+        head, tail = self.text.split("{document}", 1)
+        heads = tokenizer(
+            [head.format(query=q, instruction=i) for q, i in zip(queries, instructions, strict=True)],
+            add_special_tokens=False,
+        )["input_ids"]
+        bodies = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
+        ends = tokenizer(
+            [tail.format(query=q, instruction=i) for q, i in zip(queries, instructions, strict=True)],
+            add_special_tokens=False,
+        )["input_ids"]
+        out = []
+        for h, b, e in zip(heads, bodies, ends, strict=True):
+            room = limit - len(h) - len(e)
+            if room < 1:
+                raise CliError(f"a query and the template take {len(h) + len(e)} tokens, more than the {limit} allowed")
+            out.append(h + b[:room] + e)
+        return out
+
+
+def pair_ids(tokenizer, queries, documents, limit):
+    full = tokenizer(list(queries), list(documents))["input_ids"]
+    if all(len(ids) <= limit for ids in full):
+        return full
+    return tokenizer(list(queries), list(documents), truncation="only_second", max_length=limit)["input_ids"]
+
+
+def tokenize_groups(batch, tokenizer, template: Template, limit: int):
+    """One `map` batch of groups as token ids per document, their total length (for length-grouped steps) and the
+    longest document."""
+    queries = [q for q, docs in zip(batch["query"], batch["documents"], strict=True) for _ in docs]
+    prompts = [p for p, docs in zip(batch["prompt"], batch["documents"], strict=True) for _ in docs]
+    documents = [d for docs in batch["documents"] for d in docs]
+    flat = template.ids(tokenizer, queries, documents, limit, prompts)
+    out, start = {"input_ids": [], "length": [], "longest": []}, 0
+    for docs in batch["documents"]:
+        ids = flat[start : start + len(docs)]
+        start += len(docs)
+        out["input_ids"].append(ids)
+        out["length"].append(sum(map(len, ids)))
+        out["longest"].append(max(map(len, ids)))
+    return out
+
+
+def tokenized_groups(groups, tokenizer, template: Template, limit: int):
+    return groups.map(
+        tokenize_groups,
+        batched=True,
+        batch_size=MAP_BATCH,
+        num_proc=workers(len(groups)),
+        fn_kwargs=dict(tokenizer=tokenizer, template=template, limit=limit),
+        desc="tokenizing groups",
+    )

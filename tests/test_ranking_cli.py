@@ -1,0 +1,263 @@
+"""`stable-models train / evaluate / predict` for rerankers: the four layouts read into the same query groups, bad
+groups refused with one line, a trained reranker saved as one, NDCG / MRR beside the first stage, scores that do not
+depend on the other documents, a loss that is the same packed, padded and accumulated, and --init-from-tokens giving
+the causal LM's own log-odds."""
+
+import json
+
+import pytest
+import torch
+from test_doctor import save_checkpoint
+from tiny_tokenizers import qwen2_like
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import stable_models
+from stable_models import cli
+from stable_models.cli.data import read_table
+from stable_models.cli.ranking_data import QWEN3, Template, ranking_layout, read_groups
+
+datasets = pytest.importorskip("datasets")
+
+TOPICS = ["great", "awful", "dull", "loved", "plot", "actor"]
+FAST = ["--max-steps", "4", "--eval-steps", "2", "--batch-size", "2", "--lr", "5e-3", "--early-stopping", "0"]
+
+
+def groups(count=12):
+    """(query, positives, negatives): the relevant documents name the query's topic."""
+    out = []
+    for i in range(count):
+        topic, other = TOPICS[i % len(TOPICS)], TOPICS[(i + 1 + i % 3) % len(TOPICS)]
+        positives = [f"the film was {topic}"] + ([f"{topic} {topic} film"] if i % 2 else [])
+        negatives = [f"the film was {other}", f"a {TOPICS[(i + 4) % 6]} plot", "bad"][: 2 + i % 2]
+        out.append((f"is it {topic} {i}", positives, negatives))
+    return out
+
+
+def layout_rows(layout, data):
+    rows = []
+    for query, positives, negatives in data:
+        if layout == "flag":
+            rows.append({"query": query, "pos": positives, "neg": negatives})
+        elif layout == "tuples":  # one positive per row: a group per positive
+            for positive in positives:
+                rows.append(
+                    {"query": query, "positive": positive, **{f"negative_{k + 1}": n for k, n in enumerate(negatives)}}
+                )
+        elif layout == "messages":
+            rows.append(
+                {
+                    "messages": [{"role": "user", "content": query}],
+                    "positive_messages": [[{"role": "assistant", "content": p}] for p in positives],
+                    "negative_messages": [[{"role": "assistant", "content": n}] for n in negatives],
+                }
+            )
+        else:
+            rows += [{"query": query, "document": p, "label": 1} for p in positives]
+            rows += [{"query": query, "document": n, "label": 0} for n in negatives]
+    return rows
+
+
+def write(path, table):
+    path.write_text("".join(json.dumps(r) + "\n" for r in table))
+    return path
+
+
+def run(*args):
+    return cli.main([str(a) for a in args])
+
+
+class Args:
+    group_key, label_key, text_pair_key = None, "label", None
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("base"), "qwen2", qwen2_like())
+
+
+@pytest.fixture(scope="module")
+def reranker(base, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rerank")
+    data = write(folder / "train.jsonl", layout_rows("flag", groups()))
+    output = folder / "model"
+    assert run("train", "--model", base, "--train", data, "--output", output, "--eval-fraction", "0.25", *FAST) == 0
+    return output, data
+
+
+@pytest.mark.parametrize("layout", ["flag", "messages", "pointwise"])
+def test_every_layout_reads_into_the_same_query_groups(layout, tmp_path):
+    path = write(tmp_path / "data.jsonl", layout_rows(layout, groups()))
+    table = read_table(path)
+    found = ranking_layout(table)
+    assert found.kind == layout
+    read = read_groups(table, found, Args(), path)
+    expected = [(q, p + n, [1.0] * len(p) + [0.0] * len(n)) for q, p, n in groups()]
+    assert [(g["query"], g["documents"], g["relevance"]) for g in read] == expected
+
+
+def test_sentence_transformers_tuples_make_a_group_per_positive(tmp_path):
+    path = write(tmp_path / "data.jsonl", layout_rows("tuples", groups(4)))
+    table = read_table(path)
+    read = read_groups(table, ranking_layout(table), Args(), path)
+    assert len(read) == sum(len(p) for _, p, _ in groups(4))
+    assert all(g["relevance"][0] == 1.0 and set(g["relevance"][1:]) == {0.0} for g in read)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no positive", r"no positive document in 1 row\(s\), first at row 3"),
+        ("empty document", r"a document missing or empty in 1 row\(s\), first at row 3"),
+        ("nan relevance", r"relevance 'label' is missing or NaN in 1 row\(s\), first at row 5"),
+    ],
+)
+def test_bad_groups_are_one_line_and_nothing_is_written(case, message, base, tmp_path, capsys):
+    rows = layout_rows("pointwise" if case == "nan relevance" else "flag", groups(6))
+    if case == "no positive":
+        rows[2]["pos"] = []
+    elif case == "empty document":
+        rows[2]["neg"][1] = "  "
+    else:
+        rows[4]["label"] = float("nan")
+    data = tmp_path / "bad.jsonl"
+    data.write_text("".join(json.dumps(r).replace("NaN", "NaN") + "\n" for r in rows))
+    extra = ["--task", "ranking"] if case == "nan relevance" else []
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "out", *extra, *FAST) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and __import__("re").search(message, err[0]), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_trained_reranker_is_saved_evaluated_and_ranks(reranker, tmp_path, capsys):
+    output, data = reranker
+    config = json.loads((output / "config.json").read_text())
+    assert config["id2label"] == {"0": "score"} and config["reranker_template"] == "pair"
+    assert "reranker" in (output / "README.md").read_text()
+    test = write(tmp_path / "test.jsonl", layout_rows("flag", groups(18)[12:]))
+    assert run("evaluate", "--model", output, "--data", test, "--report-dir", tmp_path / "report") == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["queries"] == 6 and report["documents"] == sum(len(p) + len(n) for _, p, n in groups(18)[12:])
+    for key in ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@5"):
+        assert 0 <= report[key] <= 1 and report["lift"][key] == pytest.approx(report[key] - report["first_stage"][key])
+    assert report["first_stage"]["mrr@10"] == 1.0  # the file lists the positives first
+    assert (tmp_path / "report" / "ndcg_per_query.png").is_file()
+    out = tmp_path / "ranked.jsonl"
+    assert run("predict", "--model", output, "--data", test, "--output", out, "--top-k", "2") == 0
+    ranked = [json.loads(line) for line in out.read_text().splitlines()]
+    by_group = {}
+    for row in ranked:
+        by_group.setdefault(row["group"], []).append(row)
+    assert sorted(by_group) == list(range(1, 7)) and all(len(rows) == 2 for rows in by_group.values())
+    for rows in by_group.values():
+        assert sorted(r["rank"] for r in rows) == [1, 2]
+        best = min(rows, key=lambda r: r["rank"])
+        assert best["score"] == max(r["score"] for r in rows)
+
+
+def test_a_score_does_not_depend_on_the_other_documents(reranker, tmp_path):
+    """predict's scores equal the model's forward on each (query, document) alone (fp32, 1e-5)."""
+    output, _ = reranker
+    rows = layout_rows("pointwise", groups(3))
+    for row in rows:
+        row.pop("label")
+    data = write(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "scores.jsonl"
+    assert run("predict", "--model", output, "--data", data, "--output", out) == 0
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["query"], r["document"]) for r in scored] == [(r["query"], r["document"]) for r in rows]
+    model = stable_models.from_pretrained(output).eval()
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    with torch.no_grad():
+        alone = [model(**tokenizer(r["query"], r["document"], return_tensors="pt")).logits.item() for r in rows]
+    assert max(abs(a - r["score"]) for a, r in zip(alone, scored, strict=True)) <= 1e-5
+    for query in {r["query"] for r in rows}:
+        mine = sorted((r for r in scored if r["query"] == query), key=lambda r: r["rank"])
+        assert [r["score"] for r in mine] == sorted((r["score"] for r in mine), reverse=True)
+
+
+def training_losses(folder):
+    return [e["loss"] for e in json.loads((folder / "training_log.json").read_text()) if "loss" in e]
+
+
+def test_the_loss_is_the_same_packed_padded_and_accumulated(base, tmp_path):
+    """Groups of 3 to 5 documents: batch 4 packed, batch 4 padded, and batch 2 x 2 accumulated steps give the same
+    loss history (the loss divides by the groups of the whole batch)."""
+    data = write(tmp_path / "train.jsonl", layout_rows("flag", groups(16)))
+    eval_data = write(tmp_path / "eval.jsonl", layout_rows("flag", groups(18)[16:]))
+    common = ["--model", base, "--train", data, "--eval", eval_data, "--max-steps", "3", "--lr", "5e-3"]
+    common += ["--early-stopping", "0", "--eval-steps", "3", "--full", "--seed", "1"]
+    runs = {
+        "packed": ["--batch-size", "4"],
+        "padded": ["--batch-size", "4", "--no-packing"],
+        "accumulated": ["--batch-size", "2", "--grad-accum", "2"],
+    }
+    histories = {}
+    for name, extra in runs.items():
+        assert run("train", *common, *extra, "--output", tmp_path / name) == 0
+        histories[name] = training_losses(tmp_path / name)
+    assert len(histories["packed"]) == 3
+    for name in ("padded", "accumulated"):
+        assert histories[name] == pytest.approx(histories["packed"], rel=1e-5), name
+
+
+def test_init_from_tokens_gives_the_lms_log_odds(base, tmp_path):
+    """The untrained reranker's score is logit(YES) - logit(NO) of the causal LM at the last position."""
+    from stable_models.cli.ranking import init_score_from_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = stable_models.from_pretrained(base, num_labels=1).eval()
+    init_score_from_tokens(model, str(base), tokenizer, "great", "bad")
+    lm = AutoModelForCausalLM.from_pretrained(base).eval()
+    yes, no = (
+        tokenizer("great", add_special_tokens=False)["input_ids"][0],
+        tokenizer("bad", add_special_tokens=False)["input_ids"][0],
+    )
+    batch = tokenizer(["is it great the film was great", "bad"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        scores = model(**batch).logits[:, 0]
+        last = batch["attention_mask"].sum(-1) - 1
+        logits = lm(**batch).logits[torch.arange(2), last]
+    assert torch.allclose(scores, logits[:, yes] - logits[:, no], atol=1e-5)
+    assert (scores - scores.mean()).abs().max() > 1e-3  # not a constant
+
+
+def test_a_long_input_is_cut_in_the_document_only():
+    tokenizer = qwen2_like()
+    template = Template("qwen3", None)
+    query, document = "is it great", " ".join(["the film was great"] * 40)
+    full = template.ids(tokenizer, [query], [document], 10**9)[0]
+    cut = template.ids(tokenizer, [query], [document], 300)[0]
+    head, tail = QWEN3.split("{document}")
+    head_ids = tokenizer(head.format(query=query, instruction=template.instruction), add_special_tokens=False)[
+        "input_ids"
+    ]
+    tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
+    assert len(cut) == 300 and cut[: len(head_ids)] == head_ids and cut[-len(tail_ids) :] == tail_ids
+    assert len(full) > 300 and full[: len(head_ids)] == head_ids
+    pair = Template("pair", None).ids(tokenizer, [query], [document], 12)[0]
+    assert len(pair) == 12 and pair[: len(tokenizer(query)["input_ids"])] == tokenizer(query)["input_ids"]
+
+
+def test_the_readme_reranker_commands_run_as_written(base, tmp_path, monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "--top-k" in b)
+    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
+    write(tmp_path / "test_groups.jsonl", layout_rows("tuples", groups(16)[12:]))
+    candidates = [{"query": r["query"], "document": r["document"]} for r in layout_rows("pointwise", groups(2))]
+    write(tmp_path / "candidates.jsonl", candidates)
+    for line in lines:
+        argv = shlex.split(line.replace("./SmolLM2-135M-Instruct", str(base)))[1:]
+        assert cli.main(argv + (FAST if argv[0] == "train" else [])) == 0, line
+    ranked = [json.loads(line) for line in open("ranked.jsonl")]
+    assert {r["query"] for r in ranked} == {c["query"] for c in candidates}
+    assert all(1 <= r["rank"] <= 3 for r in ranked) and len(ranked) == 6
+    assert json.loads(open("reranker/evaluation/report.json").read())["queries"] == sum(
+        len(p) for _, p, _ in groups(16)[12:]
+    )
