@@ -240,3 +240,57 @@ def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path)
     )
     two, one = (json.loads((tmp_path / r / "report.json").read_text()) for r in ("r2", "r1"))
     assert two["accuracy"] == one["accuracy"] and two["margin_mean"] == pytest.approx(one["margin_mean"], abs=1e-6)
+
+
+@EXHAUSTIVE  # three torchrun jobs: the default run keeps the classifier's and the reward model's
+def test_a_reranker_trains_evaluates_and_predicts_on_two_processes_like_one(tmp_path):
+    """Query groups of 3 to 5 documents under torchrun: each micro-batch holds whole groups, the loss divides by the
+    groups of all processes, so the history equals one process with the doubled batch; evaluate and predict equal a
+    one-process run."""
+    from test_ranking_cli import groups, layout_rows
+
+    base = save_checkpoint(tmp_path / "base", "qwen2", qwen2_like())
+    data = write(tmp_path / "train.jsonl", layout_rows("flag", groups(16)))
+    held_out = write(tmp_path / "eval.jsonl", layout_rows("flag", groups(21)[16:]))
+    common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS]
+    launch(*common, "--batch-size", "2", "--output", tmp_path / "two")
+    assert cli.main([str(a) for a in common + ["--batch-size", "4", "--output", tmp_path / "one"]]) == 0
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+    assert len(train_losses(tmp_path / "two")) == 4
+    evaluation = launch("evaluate", "--model", tmp_path / "two", "--data", held_out, "--report-dir", tmp_path / "r2")
+    assert evaluation.stdout.count("reranking, 5 queries") == 1
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                str(tmp_path / "two"),
+                "--data",
+                str(held_out),
+                "--report-dir",
+                str(tmp_path / "r1"),
+            ]
+        )
+        == 0
+    )
+    two, one = (json.loads((tmp_path / r / "report.json").read_text()) for r in ("r2", "r1"))
+    for key in ("ndcg@10", "mrr@10", "map"):
+        assert two[key] == pytest.approx(one[key], abs=1e-6), key
+    launch("predict", "--model", tmp_path / "two", "--data", held_out, "--output", tmp_path / "p2.jsonl")
+    assert (
+        cli.main(
+            [
+                "predict",
+                "--model",
+                str(tmp_path / "two"),
+                "--data",
+                str(held_out),
+                "--output",
+                str(tmp_path / "p1.jsonl"),
+            ]
+        )
+        == 0
+    )
+    p2, p1 = ([json.loads(line) for line in (tmp_path / p).read_text().splitlines()] for p in ("p2.jsonl", "p1.jsonl"))
+    assert [(r["group"], r["document"], r["rank"]) for r in p2] == [(r["group"], r["document"], r["rank"]) for r in p1]
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(p2, p1, strict=True)) <= 1e-5
