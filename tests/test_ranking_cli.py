@@ -261,3 +261,21 @@ def test_the_readme_reranker_commands_run_as_written(base, tmp_path, monkeypatch
     assert json.loads(open("reranker/evaluation/report.json").read())["queries"] == sum(
         len(p) for _, p, _ in groups(16)[12:]
     )
+
+
+def test_the_folder_loads_as_a_cross_encoder_that_ranks_as_predict_does(reranker, tmp_path):
+    """sentence-transformers' CrossEncoder on the saved folder (trust_remote_code=True): rank() gives predict's
+    order, and its scores are sigmoid(predict's score)."""
+    import sentence_transformers  # a test dependency
+    output, _ = reranker
+    query, positives, negatives = groups(14)[13]
+    documents = positives + negatives
+    data = write(tmp_path / "one.jsonl", [{"query": query, "document": d} for d in documents])
+    assert run("predict", "--model", output, "--data", data, "--output", tmp_path / "p.jsonl") == 0
+    ours = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    encoder = sentence_transformers.CrossEncoder(str(output), trust_remote_code=True, device="cpu")
+    ranked = encoder.rank(query, documents)
+    assert [documents[r["corpus_id"]] for r in ranked] == [r["document"] for r in sorted(ours, key=lambda r: r["rank"])]
+    expected = torch.sigmoid(torch.tensor([r["score"] for r in ours]))
+    got = torch.tensor([next(x["score"] for x in ranked if x["corpus_id"] == i) for i in range(len(documents))])
+    assert (got - expected).abs().max() <= 1e-5

@@ -235,3 +235,67 @@ def test_a_reward_model_serves_as_saved_and_predict_on_vllm_gives_the_torch_rewa
         for key in ("reward_chosen", "reward_rejected")
     )
     assert difference <= 1e-4, difference
+
+
+def test_a_reranker_serves_on_score_and_rerank_with_predicts_scores_and_order(tmp_path):
+    """A reranker folder (one output labelled "score", the pair template): vLLM's offline score(), `predict --engine
+    vllm`, and the server's /score and /rerank give predict's scores (after vLLM's sigmoid) and its order."""
+    from stable_models import cli
+
+    tokenizer = tiny_tokenizers.qwen2_like()
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model, _ = make_models(BY_NAME["qwen2"], num_labels=1, **WIDE, **ids, **NO_WINDOW)
+    model.config.id2label, model.config.label2id = {0: "score"}, {"score": 0}
+    model.config.reranker_template, model.config.reranker_instruction = "pair", ""
+    folder = tmp_path / "reranker"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    query, documents = "is the film good", TEXTS
+    data = tmp_path / "candidates.jsonl"
+    data.write_text("".join(json.dumps({"query": query, "document": d}) + "\n" for d in documents))
+    results = {}
+    for engine in ("torch", "vllm"):
+        out = tmp_path / f"{engine}.jsonl"
+        argv = ["predict", "--model", str(folder), "--data", str(data), "--output", str(out), "--engine", engine]
+        assert cli.main(argv + (["--gpu-memory-utilization", "0.5"] if engine == "vllm" else [])) == 0
+        results[engine] = [json.loads(line) for line in out.read_text().splitlines()]
+    ours = torch.tensor([r["score"] for r in results["torch"]])
+    assert [r["rank"] for r in results["vllm"]] == [r["rank"] for r in results["torch"]]
+    assert (torch.tensor([r["score"] for r in results["vllm"]]) - ours).abs().max() <= 1e-4
+    llm = LLM(model=str(folder), runner="pooling", dtype="float32", enforce_eager=True, max_model_len=64, seed=0)
+    try:
+        offline = torch.tensor([o.outputs.score for o in llm.score(query, documents)])
+    finally:
+        del llm
+    assert (offline - ours.sigmoid()).abs().max() <= 1e-4
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--runner"]
+    command += ["pooling", "--dtype", "float32", "--enforce-eager", "--max-model-len", "64", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not come up in 240 s"
+                time.sleep(2)
+        scored = post(f"http://127.0.0.1:{port}/score", {"model": str(folder), "text_1": query, "text_2": documents})
+        reranked = post(
+            f"http://127.0.0.1:{port}/rerank", {"model": str(folder), "query": query, "documents": documents}
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+    served = torch.tensor([item["score"] for item in sorted(scored["data"], key=lambda item: item["index"])])
+    assert (served - ours.sigmoid()).abs().max() <= 1e-4
+    order = [item["index"] for item in reranked["results"]]
+    assert order == sorted(range(len(documents)), key=lambda i: results["torch"][i]["rank"])
+    assert (
+        max(abs(item["relevance_score"] - ours.sigmoid()[item["index"]].item()) for item in reranked["results"]) <= 1e-4
+    )
