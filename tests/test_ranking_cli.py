@@ -267,6 +267,7 @@ def test_the_folder_loads_as_a_cross_encoder_that_ranks_as_predict_does(reranker
     """sentence-transformers' CrossEncoder on the saved folder (trust_remote_code=True): rank() gives predict's
     order, and its scores are sigmoid(predict's score)."""
     import sentence_transformers  # a test dependency
+
     output, _ = reranker
     query, positives, negatives = groups(14)[13]
     documents = positives + negatives
@@ -279,3 +280,30 @@ def test_the_folder_loads_as_a_cross_encoder_that_ranks_as_predict_does(reranker
     expected = torch.sigmoid(torch.tensor([r["score"] for r in ours]))
     got = torch.tensor([next(x["score"] for x in ranked if x["corpus_id"] == i) for i in range(len(documents))])
     assert (got - expected).abs().max() <= 1e-5
+
+
+def test_mined_negatives_are_bm25_hits_that_are_not_positives(tmp_path):
+    from stable_models.cli.ranking_data import mine_negatives
+
+    data = [("is it great 0", ["the film was great"], []), ("a dull plot 1", ["the plot was dull"], ["bad"])]
+    table = datasets.Dataset.from_dict(
+        {
+            "query": [q for q, _, _ in data],
+            "documents": [p + n for _, p, n in data],
+            "relevance": [[1.0] * len(p) + [0.0] * len(n) for _, p, n in data],
+            "row": [1, 2],
+            "prompt": [None, None],
+        }
+    )
+    corpus = ["the film was great", "great acting great film", "a great plot", "dull dull dull", "the plot was dull"]
+    corpus += ["unrelated words here", "bad"]
+    write(tmp_path / "corpus.jsonl", [{"text": t} for t in corpus])
+    said = []
+    mined = mine_negatives(table, str(tmp_path / "corpus.jsonl"), 2, lambda *a, **k: said.append(a[0]))
+    first, second = mined[0], mined[1]
+    assert first["documents"][0] == "the film was great" and len(first["documents"]) == 3
+    assert set(first["documents"][1:]) <= {"great acting great film", "a great plot"}
+    assert first["relevance"] == [1.0, 0.0, 0.0]
+    assert "the plot was dull" not in second["documents"][1:] and "dull dull dull" in second["documents"]
+    assert "unrelated words here" not in first["documents"] + second["documents"]
+    assert said and "mined" in said[0]

@@ -58,6 +58,10 @@ def ranking_options(t) -> None:
     )
     t.add_argument("--instruction", help="rerankers: the {instruction} of the template (qwen3 has a default)")
     t.add_argument(
+        "--mine-negatives", type=int, help="rerankers: add K BM25 hard negatives per query from --corpus (bm25s)"
+    )
+    t.add_argument("--corpus", help="rerankers: a file of documents ('text' column) for --mine-negatives")
+    t.add_argument(
         "--init-from-tokens",
         nargs=2,
         metavar=("YES", "NO"),

@@ -13,7 +13,7 @@ import torch
 from ..metrics import pair_logits, ranking_metrics
 from .data import column_max, read_table, split_eval
 from .errors import CliError
-from .ranking_data import Template, explode, ranking_layout, read_groups, tokenized_groups
+from .ranking_data import Template, explode, mine_negatives, ranking_layout, read_groups, tokenized_groups
 from .tasks import ModelInputs, Task, TrainingData, refuse_options
 
 SCORE = "score"  # the one label of a reranker (config.id2label)
@@ -35,6 +35,10 @@ class Ranking(Task):
     def read(self, args, table, say) -> TrainingData:
         layout = require_layout(table, args, args.train)
         groups = read_groups(table, layout, args, args.train)
+        if bool(args.mine_negatives) != bool(args.corpus):
+            raise CliError("--mine-negatives K and --corpus FILE go together")
+        if args.mine_negatives:
+            groups = mine_negatives(groups, args.corpus, args.mine_negatives, say)
         if args.eval:
             eval_table = read_table(args.eval)
             eval_groups = read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval)

@@ -15,6 +15,7 @@ instruction format, or the user's own; an over-long input is cut in the document
 
 import hashlib
 import math
+import sys
 from dataclasses import dataclass
 
 from .data import CHECK_BATCH, MAP_BATCH, no_progress_bars, require_column, workers
@@ -302,3 +303,50 @@ def tokenized_groups(groups, tokenizer, template: Template, limit: int):
         fn_kwargs=dict(tokenizer=tokenizer, template=template, limit=limit),
         desc="tokenizing groups",
     )
+
+
+def mine_negatives(groups, corpus_path: str, count: int, say):
+    """--mine-negatives K --corpus FILE: each group gains up to K hard negatives, the corpus documents BM25 (bm25s)
+    ranks highest for its query that are not already in the group (its positives included) and share a term with
+    it."""
+    import importlib.util
+
+    from .data import read_table
+
+    if importlib.util.find_spec("bm25s") is None:
+        raise CliError("--mine-negatives needs bm25s: pip install 'stable_models[cli]'")
+    corpus_table = read_table(corpus_path)
+    key = next((k for k in ("text", "document", "passage") if k in corpus_table.column_names), None)
+    if key is None:
+        raise CliError(f"--corpus {corpus_path}: no 'text', 'document' or 'passage' column to mine from")
+    corpus = [str(t) for t in corpus_table[key] if t is not None and str(t).strip()]
+    import bm25s
+
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
+    widest = max(len(d) for d in groups["documents"])
+    depth = min(len(corpus), count + widest)
+    found, scores = retriever.retrieve(
+        bm25s.tokenize(list(groups["query"]), stopwords="en", show_progress=False), k=depth, show_progress=False
+    )
+    mined = []
+    for documents, hits, values in zip(groups["documents"], found.tolist(), scores.tolist(), strict=True):
+        present = set(documents)
+        picked = [corpus[j] for j, value in zip(hits, values, strict=True) if value > 0 and corpus[j] not in present]
+        mined.append(list(dict.fromkeys(picked))[:count])
+
+    def extend(batch, indices):
+        batch["documents"] = [d + mined[i] for d, i in zip(batch["documents"], indices, strict=True)]
+        batch["relevance"] = [r + [0.0] * len(mined[i]) for r, i in zip(batch["relevance"], indices, strict=True)]
+        if "teacher" in batch:
+            raise CliError("--mine-negatives: the file has teacher scores, which mined documents would lack")
+        return batch
+
+    with no_progress_bars():
+        groups = groups.map(extend, batched=True, with_indices=True)
+    say(
+        f"[train] mined {sum(map(len, mined))} BM25 negatives from {len(corpus)} corpus documents "
+        f"({sum(1 for m in mined if len(m) < count)} group(s) got fewer than {count})",
+        file=sys.stderr,
+    )
+    return groups

@@ -72,8 +72,9 @@ LOSS_OPTIONS = {
     "template": "--template applies to rerankers (--task ranking)",
     "instruction": "--instruction applies to rerankers (--task ranking)",
     "init_from_tokens": "--init-from-tokens applies to rerankers (--task ranking)",
+    "mine_negatives": "--mine-negatives applies to rerankers (--task ranking)",
 }
-RANKING_OPTIONS = ["loss", "temperature", "negatives", "template", "instruction", "init_from_tokens"]
+RANKING_OPTIONS = ["loss", "temperature", "negatives", "template", "instruction", "init_from_tokens", "mine_negatives"]
 
 
 def refuse_options(args, names) -> None:
