@@ -307,3 +307,35 @@ def test_mined_negatives_are_bm25_hits_that_are_not_positives(tmp_path):
     assert "the plot was dull" not in second["documents"][1:] and "dull dull dull" in second["documents"]
     assert "unrelated words here" not in first["documents"] + second["documents"]
     assert said and "mined" in said[0]
+
+
+def test_teacher_scores_train_by_distillation_and_calibrate_fits_a_relevance_temperature(
+    base, reranker, tmp_path, capsys
+):
+    """FlagEmbedding's pos_scores / neg_scores make the default loss a KL to the teacher; evaluate --calibrate folds a
+    temperature for sigmoid(score) as the probability of relevance into the saved head."""
+    rows = layout_rows("flag", groups(10))
+    for i, row in enumerate(rows):
+        row["pos_scores"] = [3.0 + i % 2] * len(row["pos"])
+        row["neg_scores"] = [-1.0 - k for k in range(len(row["neg"]))]
+    data = write(tmp_path / "teacher.jsonl", rows)
+    assert run("train", "--model", base, "--train", data, "--output", tmp_path / "kd", *FAST) == 0
+    assert "distillation loss" in capsys.readouterr().err
+    rows[3]["neg_scores"] = rows[3]["neg_scores"][:-1]  # one teacher score short
+    bad = write(tmp_path / "short.jsonl", rows)
+    assert run("train", "--model", base, "--train", bad, "--output", tmp_path / "bad", *FAST) == 2
+    assert "teacher scores missing, not finite or not one per document in 1 row(s), first at row 4" in (
+        capsys.readouterr().err
+    )
+    import shutil
+
+    output, _ = reranker
+    copy = tmp_path / "calibrated"
+    shutil.copytree(output, copy)
+    test = write(tmp_path / "test.jsonl", layout_rows("flag", groups(18)[12:]))
+    before = stable_models.from_pretrained(copy).score.weight.detach().clone()
+    assert run("evaluate", "--model", copy, "--data", test, "--calibrate") == 0
+    fitted = json.loads((copy / "evaluation" / "report.json").read_text())["calibration"]
+    after = stable_models.from_pretrained(copy).score.weight.detach()
+    assert fitted["nll_after"] <= fitted["nll_before"] + 1e-9
+    assert torch.allclose(after, before / fitted["temperature"], atol=1e-6)
