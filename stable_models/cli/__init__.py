@@ -73,4 +73,13 @@ def main(argv=None) -> int:
             return getattr(commands, args.command)(args)
     except CliError as error:
         report(error)  # once per job, not once per process
+        leave_process_group()
         return 2
+
+
+def leave_process_group() -> None:
+    """After a job-wide error every rank ends its process group before it exits: a gloo context left to the
+    interpreter's exit can abort (SIGABRT) while its peer closes, which turned the job's exit code 2 into a crash."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
