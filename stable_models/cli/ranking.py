@@ -7,6 +7,8 @@ template its inputs were rendered with, so evaluate, predict and vLLM read the s
 import random
 import sys
 from functools import partial
+from itertools import groupby
+from types import SimpleNamespace
 
 import torch
 
@@ -26,7 +28,8 @@ class Ranking(Task):
     summary_keys = ("ndcg@10", "mrr@10", "map", "loss")
 
     def claims(self, table) -> bool:
-        return ranking_layout(table) is not None and ranking_layout(table).kind != "pointwise"
+        layout = ranking_layout(table)
+        return layout is not None and layout.kind != "pointwise"
 
     def owns_model(self, config) -> bool:
         return getattr(config, "reranker_template", None) is not None
@@ -131,7 +134,7 @@ class Ranking(Task):
         if spec["rows"]:
             from .data import check_texts
 
-            check_texts(table, _Keys("query", "document"), args.data)
+            check_texts(table, SimpleNamespace(text_key="query", text_pair_key="document"), args.data)
             if args.group_key:
                 from .data import require_column
 
@@ -143,7 +146,7 @@ class Ranking(Task):
     def scored_table(self, args, table, spec):
         if spec["rows"]:
             return table
-        return explode(read_groups(table, spec["layout"], args, args.data, need_positive=False))
+        return explode(read_groups(table, spec["layout"], args, args.data, checked=False))  # scoring_input checked
 
     def scored_columns(self, spec, args) -> list[str]:
         if spec["rows"]:
@@ -167,7 +170,7 @@ class Ranking(Task):
 
         scores = scores[:, 0, 0].double()
         groups = table["group"]
-        sizes = [len(list(run)) for run in _runs(groups)]
+        sizes = [len(list(run)) for _, run in groupby(groups)]  # exploded groups are contiguous
         relevance = torch.tensor(table["relevance"], dtype=torch.float64)
         ours = ranking_metrics(scores, relevance, sizes)
         first_stage = ranking_metrics(-torch.tensor(table["position"], dtype=torch.float64), relevance, sizes)
@@ -206,19 +209,6 @@ class Ranking(Task):
 
     def ranked_by(self, spec, args):
         return ((args.group_key or "query") if spec["rows"] else "group", "score")
-
-
-class _Keys:
-    """check_texts' view of the query / document columns."""
-
-    def __init__(self, text_key, text_pair_key):
-        self.text_key, self.text_pair_key = text_key, text_pair_key
-
-
-def _runs(values):
-    from itertools import groupby
-
-    return (list(run) for _, run in groupby(values))
 
 
 def require_layout(table, args, path):

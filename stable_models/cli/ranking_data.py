@@ -106,8 +106,9 @@ def to_groups(batch, indices, layout: Layout):
     return out
 
 
-def read_groups(table, layout: Layout, args, path, need_positive=True):
-    """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise."""
+def read_groups(table, layout: Layout, args, path, need_positive=True, checked=True):
+    """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise.
+    `checked=False` skips the group checks, for a table a first call has checked."""
     if layout.kind == "pointwise":
         groups = pointwise_groups(table, args, path)
     else:
@@ -121,7 +122,8 @@ def read_groups(table, layout: Layout, args, path, need_positive=True):
                 fn_kwargs={"layout": layout},
                 desc="grouping",
             )
-    check_groups(groups, path, need_positive, layout)
+    if checked:
+        check_groups(groups, path, need_positive, layout)
     return groups
 
 
