@@ -191,6 +191,7 @@ def test_training_flags_reach_trainer_and_peft(base, tmp_path):
     data = write(tmp_path / "train.jsonl", rows("string"))
     flags = ["--gradient-checkpointing", "--attn-implementation", "eager", "--lora-target", "q_proj, v_proj"]
     flags += ["--lora-dropout", "0.1", "--weight-decay", "0.01", "--warmup-ratio", "0.5", "--scheduler", "cosine"]
+    flags += ["--keep-checkpoints"]
     assert run("train", "--model", base, "--train", data, "--output", tmp_path / "m", *FAST, *flags) == 0
     checkpoint = sorted((tmp_path / "m" / "checkpoints").glob("checkpoint-*"))[-1]
     arguments = torch.load(checkpoint / "training_args.bin", weights_only=False)
@@ -329,7 +330,7 @@ def test_tables_are_memory_mapped_and_tokenized_once(tmp_path, base):
 def test_resume_continues_from_the_last_checkpoint(base, tmp_path):
     data = write(tmp_path / "train.jsonl", rows("string"))
     common = ["train", "--model", base, "--train", data, "--output", tmp_path / "m", "--batch-size", "4"]
-    assert run(*common, "--max-steps", "4", "--eval-steps", "2", "--early-stopping", "0") == 0
+    assert run(*common, "--max-steps", "4", "--eval-steps", "2", "--early-stopping", "0", "--keep-checkpoints") == 0
     assert (tmp_path / "m" / "checkpoints" / "checkpoint-4").is_dir()
     assert run(*common, "--max-steps", "6", "--eval-steps", "2", "--early-stopping", "0") == 2  # not empty
     assert run(*common, "--max-steps", "6", "--eval-steps", "2", "--early-stopping", "0", "--resume") == 0

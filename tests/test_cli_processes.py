@@ -71,6 +71,7 @@ def test_two_processes_train_like_one_with_the_doubled_batch_and_write_once(job)
     assert train_losses(folder / "two") == pytest.approx(train_losses(folder / "one"), rel=1e-5)
     assert len(train_losses(folder / "two")) == 4
     assert two.stdout.count("[train] done") == 1 and two.stderr.count("pre-flight ok") == 1  # rank 0 alone reports
+    assert "find_unused_parameters=True" not in two.stderr  # no extra autograd walk per step: nothing is unused
     one, both = load_file(folder / "one" / "model.safetensors"), load_file(folder / "two" / "model.safetensors")
     assert one.keys() == both.keys() and all(torch.allclose(one[k], both[k], atol=1e-5) for k in one)
     assert not (folder / "two" / ".stable-models.lock").exists()
@@ -206,8 +207,8 @@ def test_bad_input_stops_every_rank_with_one_line(job, tmp_path):
 
 
 def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path):
-    """Preference pairs (margins, centering) under torchrun: the loss history of one process with the doubled batch,
-    one report, the same pairwise metrics."""
+    """Preference pairs (margins, centering) under torchrun, fully fine-tuned: the loss history of one process with
+    the doubled batch, one report, the same pairwise metrics; DDP does not look for unused parameters."""
     from test_reward_cli import chat_tokenizer, pairs
 
     base = save_checkpoint(tmp_path / "base", "qwen2", chat_tokenizer())
@@ -217,8 +218,10 @@ def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path)
     rows[0]["rejected"] = rows[0]["chosen"]  # one identical pair: warned about once, by rank 0
     data, held_out = write(tmp_path / "train.jsonl", rows[:32]), write(tmp_path / "eval.jsonl", rows[32:])
     common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS, "--center-rewards", "0.01"]
+    common += ["--full"]
     trained = launch(*common, "--batch-size", "4", "--output", tmp_path / "two")
     assert trained.stderr.count("chosen equals rejected in 1 pair(s)") == 1
+    assert "find_unused_parameters=True" not in trained.stderr
     assert cli.main([str(a) for a in common + ["--batch-size", "8", "--output", tmp_path / "one"]]) == 0
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
     assert len(train_losses(tmp_path / "two")) == 4

@@ -459,7 +459,7 @@ def test_a_reward_run_keeps_the_best_pairwise_accuracy_and_resumes(base, tmp_pat
     output = tmp_path / "rm"
     common = ["--model", base, "--train", data, "--output", output, "--dtype", "fp32", "--eval-steps", "2"]
     common += ["--batch-size", "4", "--lr", "5e-3", "--early-stopping", "2"]
-    assert run("train", *common, "--max-steps", "4") == 0
+    assert run("train", *common, "--max-steps", "4", "--keep-checkpoints") == 0
     state = json.loads(next((output / "checkpoints").glob("checkpoint-4")).joinpath("trainer_state.json").read_text())
     assert state["best_metric"] == max(e["eval_accuracy"] for e in state["log_history"] if "eval_accuracy" in e)
     from transformers import Trainer

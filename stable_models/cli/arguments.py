@@ -105,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--output", help="the directory for the trained model (refused when not empty)")
     t.add_argument("--overwrite", action="store_true", help="write into a non-empty --output")
     t.add_argument("--resume", action="store_true", help="resume from the last checkpoint in --output")
+    t.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep --output/checkpoints after a finished run (for --resume)"
+    )
     t.add_argument("--epochs", type=float, default=1.0, help="passes over the training data")
     t.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     t.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
@@ -133,11 +136,24 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--class-weights", help="'balanced' or one weight per label, comma-separated (single-label)")
     t.add_argument("--label-smoothing", type=float, default=0.0, help="single-label cross-entropy smoothing")
     t.add_argument("--pos-weight", help="one positive weight per label, comma-separated (multi-label)")
-    t.add_argument("--eval-steps", type=int, help="evaluate and save every N steps (default: 5 times per run)")
+    t.add_argument(
+        "--eval-steps",
+        type=int,
+        help="evaluate and save every N steps (default: up to 5 times, evaluation under 15%% of the run)",
+    )
     t.add_argument(
         "--early-stopping", type=int, default=3, help="stop after N evaluations without improvement (0: off)"
     )
     t.add_argument("--seed", type=int, default=42, help="random seed (data split, head init, order)")
+    t.add_argument(
+        "--report-to",
+        nargs="+",
+        default=["none"],
+        choices=["tensorboard", "trackio", "mlflow", "wandb", "none"],
+        help="experiment trackers (Trainer's integrations), logging under --output/logs, offline where a service "
+        "would be needed unless your environment configures one",
+    )
+    t.add_argument("--run-name", help="the run's name in the tracker (default: the --output folder's name)")
     t.add_argument(
         "--task",
         default="auto",

@@ -107,8 +107,8 @@ class Classification(Task):
         return compute
 
     def preflight_examples(self, data, train_set) -> tuple:
-        """The first 8 rows' token ids and labels."""
-        first = train_set[: min(8, len(train_set))]
+        """The first 32 rows' token ids and labels (the pre-flight takes a few of them)."""
+        first = train_set[: min(32, len(train_set))]
         return first["input_ids"], first["labels"], torch.long if data.problem_type == SINGLE else torch.float32
 
     # --- evaluate and predict

@@ -4,6 +4,7 @@ files, fine_tuning.py builds the model, adapters and Trainer, scoring.py scores 
 """
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from .data import read_table
 from .distributed import Job, output_lock, refuse_if_locked
 from .errors import CliError
 from .fine_tuning import (
+    best_evaluation,
+    evaluation_cadence,
     load_base_model,
     make_trainer,
     merged_model,
@@ -106,30 +109,82 @@ def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
         raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
 
 
-def preflight(model, tokenizer, examples, folder) -> None:
-    """The doctor's checks on the task's first examples: finite loss and gradients, padding-invariant logits, an fp32
-    loss that honours num_items_in_batch. Stops with the doctor's report when one fails."""
-    from .doctor import PADDING_TOLERANCE, run_one
+PREFLIGHT_EXAMPLES = 4
 
-    ids, labels, label_dtype = examples
-    batch = dict(tokenizer.pad({"input_ids": ids}, return_tensors="pt"))
-    alone = [dict(tokenizer.pad({"input_ids": [one]}, return_tensors="pt")) for one in ids]
-    result = run_one(model, batch, alone, torch.tensor(labels, dtype=label_dtype))
-    model.train()
-    tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, result["logit scale"])
-    problems = []
-    if not result["finite"]:
-        problems.append(f"non-finite loss, logits or gradients (first at {result['first non-finite']})")
-    elif result["padding error"] > tolerance:
-        problems.append(f"padding changes the logits by {result['padding error']:.2e}")
-    elif not result["honours num_items_in_batch"] or result["loss dtype"] != torch.float32:
-        problems.append("the loss is not an fp32 loss that honours num_items_in_batch")
-    if problems:
+
+def preflight(model, tokenizer, candidates, folder) -> None:
+    """The doctor's checks at the cost of about one training step, on the model as it will train (LoRA attached):
+    finite loss, logits and gradients of what trains; logits that do not depend on the padding side; an fp32 loss
+    that honours num_items_in_batch. One forward and backward of a right-padded batch, one forward of the same batch
+    left-padded: the two losses (one given twice the item count) and the two logits are compared. Stops with the
+    doctor's report when a check fails; leaves the weights and gradients as they were. Returns the trainable
+    parameters that got no gradient (DDP must then look for unused parameters)."""
+    from .doctor import PADDING_TOLERANCE
+
+    ids, labels, label_dtype = preflight_batch(*candidates)
+    labels = torch.tensor(labels, dtype=label_dtype)
+    right, left = (dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in SIDES)
+    model.eval()  # no dropout: the two forwards must be comparable
+    try:
+        halved = model(**right, labels=labels, num_items_in_batch=2 * labels.numel())
+        halved.loss.backward()
+        trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        gradients_finite = all(torch.isfinite(p.grad).all() for p in trained.values() if p.grad is not None)
+        unused = [name for name, p in trained.items() if p.grad is None]
+        with torch.no_grad():
+            full = model(**left, labels=labels)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.train()
+    logits = halved.logits.detach().float()
+    finite = bool(torch.isfinite(logits).all() and torch.isfinite(full.loss) and gradients_finite)
+    padding_error = (logits - full.logits.float()).abs().max().item()
+    tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, logits.abs().max().item())
+    problem = None
+    if not finite:
+        from ..guards import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
+
+        where = first_non_finite_module(model, right) or "?"
+        where = where.removeprefix("base_model.model.").removesuffix(".base_layer")  # peft's wrappers
+        problem = f"non-finite loss, logits or gradients (first at {where})"
+    elif padding_error > tolerance:
+        problem = f"left and right padding give logits {padding_error:.2e} apart"
+    elif halved.loss.dtype != torch.float32 or not torch.isclose(2 * halved.loss, full.loss, rtol=1e-3):
+        problem = "the loss is not an fp32 loss that honours num_items_in_batch"
+    if problem:
         raise SystemExit(
-            f"stable-models: the pre-flight check failed: {problems[0]}. `python -m stable_models doctor --model "
+            f"stable-models: the pre-flight check failed: {problem}. `python -m stable_models doctor --model "
             f"{folder}` gives the full report."
         )
-    print(f"[train] pre-flight ok: finite, padding changes logits by {result['padding error']:.1e}", file=sys.stderr)
+    print(f"[train] pre-flight ok: finite, padding changes logits by {padding_error:.1e}", file=sys.stderr)
+    return unused
+
+
+SIDES = ("right", "left")
+
+
+def find_unused_parameters(model, unused: list[str], job) -> bool:
+    """DDP's find_unused_parameters (an extra walk of the autograd graph every step) only where a model needs it:
+    a trainable parameter got no gradient in the pre-flight, or the model routes tokens to experts (a batch may
+    leave one unused)."""
+    config = model.config.get_text_config()
+    experts = max(value if isinstance(value := getattr(config, key, None), int) else 0 for key in EXPERT_COUNTS)
+    if job.world > 1 and (unused or experts > 1):
+        reason = f"{len(unused)} trainable tensor(s) got no gradient" if unused else f"{experts} routed experts"
+        job.say(f"[train] DDP looks for unused parameters every step: {reason}", file=sys.stderr)
+    return bool(unused) or experts > 1
+
+
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # config names in use
+
+
+def preflight_batch(ids, labels, label_dtype):
+    """The PREFLIGHT_EXAMPLES shortest of the task's candidate examples (a few of the first in the data), of
+    different lengths where they have them, so that padding has work to do while the batch costs less than a step."""
+    by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    distinct = list({len(ids[i]): i for i in reversed(by_length)}.values())[::-1]  # the first of each length
+    chosen = (distinct + [i for i in by_length if i not in distinct])[:PREFLIGHT_EXAMPLES]
+    return [ids[i] for i in chosen], [labels[i] for i in chosen], label_dtype
 
 
 def read_training_data(args, say=print) -> TrainingData:
@@ -199,25 +254,36 @@ def train(args) -> int:
             f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
             file=sys.stderr,
         )
+        model = with_adapters(model, args)
         if training.deepspeed and training.hf_deepspeed_config.is_zero3():
             job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
         else:
             # rank 0 alone (it leaves the weights as they were; Trainer seeds every rank alike afterwards)
-            job.on_main(lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model))
-        model = with_adapters(model, args)
+            unused = job.on_main(
+                lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model)
+            )
+            training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
+        job.say(
+            f"[train] {evaluation_cadence(args, training, task.training_set(args, train_set), eval_set)}",
+            file=sys.stderr,
+        )
         trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
         resume = args.resume and any(checkpoints.glob("checkpoint-*"))
         if args.resume and not resume:
             job.say(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
         trainer.train(resume_from_checkpoint=True if resume else None)
         history = list(trainer.state.log_history)
-        final = trainer.evaluate()  # the best checkpoint's, which load_best_model_at_end restored
+        final = best_evaluation(trainer)  # the best checkpoint's, which load_best_model_at_end restored
+        if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
+            trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
         with zero3_gathered(trainer.model, training):
             summary = job.on_main(
                 lambda: write_training_outputs(
                     merged_model(trainer.model, args, load, tokenizer, checkpoints), tokenizer, output, history, final
                 )
             )
+        if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
+            job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
     shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
     job.say(f"[train] done: {shown}")
     job.say(

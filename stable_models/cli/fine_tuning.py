@@ -125,8 +125,28 @@ def fsdp_options(enabled: bool) -> dict:
     return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"use_orig_params": True}}
 
 
+def trackers(args, logs: Path) -> list[str]:
+    """--report-to: Trainer's own integrations, each logging under `logs` (offline for those that would need a
+    service) unless the user's environment already says where; in-process, `cli.main` restores os.environ after."""
+    chosen = [name for name in args.report_to if name != "none"]
+    for name in chosen:
+        if importlib.util.find_spec(name) is None:
+            raise CliError(f"--report-to {name} needs {name}: pip install {name}")
+    run = args.run_name or Path(args.output).resolve().name
+    where = {
+        "tensorboard": {"TENSORBOARD_LOGGING_DIR": str(logs / run)},  # transformers 5 (4.x: TrainingArguments)
+        "wandb": {"WANDB_MODE": "offline", "WANDB_DIR": str(logs)},
+        "mlflow": {"MLFLOW_TRACKING_URI": (logs / "mlruns").as_uri()},
+        "trackio": {"TRACKIO_DIR": str(logs / "trackio")},
+    }
+    for name in chosen:
+        for key, value in where[name].items():
+            os.environ.setdefault(key, value)
+    return chosen
+
+
 def training_arguments(args, data, dtype: str, checkpoints: Path):
-    """TrainingArguments of a run: evaluation and checkpoints five times per run, the best restored at the end,
+    """TrainingArguments of a run: evaluation and checkpoints up to five times per run, the best restored at the end,
     and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
     is built."""
     from transformers import TrainingArguments
@@ -134,7 +154,7 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
     total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
-    eval_steps = args.eval_steps or max(1, total_steps // 5)
+    eval_steps = args.eval_steps or max(1, total_steps // MAX_EVALUATIONS)  # evaluation_cadence may space them more
     best_metric, greater_is_better = data.task.best_metric(data)
     if args.deepspeed and world > 1:
         import deepspeed
@@ -166,13 +186,75 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
         seed=args.seed,
         bf16=dtype == "bf16",
         use_cpu=not torch.cuda.is_available(),
-        report_to=[],
+        report_to=trackers(args, checkpoints.parent.resolve() / "logs"),
+        run_name=args.run_name or Path(args.output).resolve().name,
         remove_unused_columns=False,
+        ddp_find_unused_parameters=False,  # train sets it from the pre-flight where a model needs it
         label_names=["labels"],
         disable_tqdm=False,
         deepspeed=deepspeed_config(args.deepspeed),
         **fsdp_options(args.fsdp),
+        **({"logging_dir": os.environ["TENSORBOARD_LOGGING_DIR"]} if tensorboard_by_argument(args) else {}),
     )
+
+
+def tensorboard_by_argument(args) -> bool:
+    """transformers 4.x takes TensorBoard's folder as TrainingArguments(logging_dir=...), 5.x from the environment."""
+    from transformers import TrainingArguments
+
+    return "tensorboard" in args.report_to and "logging_dir" in TrainingArguments.__dataclass_fields__
+
+
+EVAL_SHARE = 0.15  # the most of a run's time that evaluations may take by default
+MAX_EVALUATIONS = 5
+TRAIN_COST = 2  # forward passes a trained token costs (forward, and a backward without the frozen weights' grads)
+
+
+def evaluation_cadence(args, training, train_set, eval_set) -> str:
+    """Without --eval-steps: evaluate (and save) as often as keeps evaluation under EVAL_SHARE of the run, at most
+    MAX_EVALUATIONS times, at least once (at the last step), from the tokens one process trains and evaluates.
+    Sets training.eval_steps and save_steps; returns the line train prints."""
+    if args.eval_steps:
+        return f"evaluating every {args.eval_steps} steps (--eval-steps)"
+    per_step_examples = training.per_device_train_batch_size * training.gradient_accumulation_steps
+    steps = training.max_steps
+    if steps <= 0:
+        steps = math.ceil(math.ceil(len(train_set) / (per_step_examples * training.world_size)) * args.epochs)
+    per_step = mean_tokens(train_set) * per_step_examples
+    evaluated = sum(eval_set.with_format("arrow")["length"].to_pylist()) / training.world_size
+    affordable = EVAL_SHARE / (1 - EVAL_SHARE) * TRAIN_COST * per_step * steps / max(evaluated, 1)
+    training.eval_steps = training.save_steps = math.ceil(steps / max(1, min(MAX_EVALUATIONS, int(affordable))))
+    count = steps // training.eval_steps
+    share = count * evaluated / (count * evaluated + TRAIN_COST * per_step * steps)
+    return (
+        f"evaluating {count} time(s), every {training.eval_steps} steps (about {share:.0%} of the run; "
+        "--eval-steps to choose)"
+    )
+
+
+def mean_tokens(dataset, sample=256) -> float:
+    """Mean tokens per training example, over the first `sample` as the Trainer will draw them (with --negatives, a
+    reranker's groups are cut to the sampled negatives): every *input_ids column, lists of lists included."""
+    rows = dataset[: min(sample, len(dataset))]
+
+    def count(value):
+        return sum(count(v) for v in value) if value and isinstance(value[0], list) else len(value)
+
+    columns = [name for name in rows if name.endswith("input_ids")]
+    total = sum(count(ids) for name in columns for ids in rows[name])
+    return total / max(1, len(rows[columns[0]]))
+
+
+def best_evaluation(trainer) -> dict:
+    """The eval metrics of the checkpoint that load_best_model_at_end restored, from the run's log: the same
+    weights on the same data, not evaluated a second time."""
+    state = trainer.state
+    if state.best_model_checkpoint:
+        step = int(Path(state.best_model_checkpoint).name.rsplit("-", 1)[-1])
+        for entry in reversed(state.log_history):
+            if entry.get("step") == step and any(key.startswith("eval_") for key in entry):
+                return {key: value for key, value in entry.items() if key.startswith("eval_") or key == "epoch"}
+    return trainer.evaluate()
 
 
 def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):

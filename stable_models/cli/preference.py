@@ -106,7 +106,7 @@ class Preference(Task):
     def preflight_examples(self, data, train_set) -> tuple:
         """The first pairs' responses, chosen labelled 1 and rejected 0 (a regression loss: the check is of the
         model's numerics, not of the pairwise loss)."""
-        first = train_set[: min(4, len(train_set))]
+        first = train_set[: min(16, len(train_set))]
         ids = [i for pair in zip(first["chosen_input_ids"], first["rejected_input_ids"], strict=True) for i in pair]
         return ids, [1.0, 0.0] * (len(ids) // 2), torch.float32
 

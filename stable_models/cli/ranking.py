@@ -113,11 +113,11 @@ class Ranking(Task):
         return "ndcg@10", True
 
     def preflight_examples(self, data, train_set) -> tuple:
-        """The first groups' documents (at most 8) and their relevances (a regression loss: the check is of the
+        """The first groups' documents (at most 32) and their relevances (a regression loss: the check is of the
         model's numerics, not of the ranking loss)."""
-        first = train_set[: min(4, len(train_set))]
-        ids = [i for group in first["input_ids"] for i in group][:8]
-        labels = [float(r) for group in first["relevance"] for r in group][:8]
+        first = train_set[: min(8, len(train_set))]
+        ids = [i for group in first["input_ids"] for i in group][:32]
+        labels = [float(r) for group in first["relevance"] for r in group][:32]
         return ids, labels, torch.float32
 
     # --- evaluate and predict
