@@ -115,8 +115,7 @@ def main():
     step(
         "train: LoRA on SmolLM2-135M-Instruct, packed batches, exact gradient accumulation",
         ["train", "--model", base, "--train", train, "--eval", dev, "--output", model, "--overwrite"]
-        + ["--max-steps", args.max_steps, "--batch-size", 8, "--eval-steps", max(1, args.max_steps // 2)]
-        + ["--lr", args.lr, "--seed", args.seed],
+        + ["--max-steps", args.max_steps, "--batch-size", 8, "--lr", args.lr, "--seed", args.seed],
     )
     step("evaluate on 300 held-out reviews, fold a temperature into the head", evaluate + ["--calibrate"])
     step("predict: 100 new reviews to a score file, in input order", predict)
