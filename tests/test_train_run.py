@@ -71,9 +71,8 @@ def test_the_preflight_is_one_step_on_the_model_as_it_trains(base):  # noqa: F81
     tokenizer = AutoTokenizer.from_pretrained(base)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     seen, gradients = [], set()
-    handle = model.get_base_model().register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape, torch.is_grad_enabled())),
-        with_kwargs=True,
+    handle = model.get_input_embeddings().register_forward_pre_hook(  # called as a module by every peft version
+        lambda module, args: seen.append((args[0].shape, torch.is_grad_enabled()))
     )
     hooks = [
         p.register_hook(lambda grad, name=name: gradients.add(name))
