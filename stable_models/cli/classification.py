@@ -2,6 +2,7 @@
 `problem_type` switch: strings or integers are single-label, lists multi-label, floats regression."""
 
 import math
+import sys
 from functools import partial
 
 import torch
@@ -12,6 +13,7 @@ from .data import (
     check_known_labels,
     check_texts,
     column_max,
+    cut_rows,
     encoded,
     label_counts,
     label_names,
@@ -46,7 +48,7 @@ class Classification(Task):
         classes, every eval label known."""
         problem_type = labelled(table, args, args.train)
         if args.eval:
-            eval_table = read_table(args.eval)
+            eval_table = read_table(args.eval, args.encoding)
             eval_problem_type = labelled(eval_table, args, args.eval)
             if eval_problem_type != problem_type:
                 raise CliError(
@@ -86,6 +88,10 @@ class Classification(Task):
         remembers the longest, so evaluate and predict truncate where training did."""
         train_set = encoded(data.train, tokenizer, args, data.problem_type, data.label2id, limit)
         eval_set = encoded(data.eval, tokenizer, args, data.problem_type, data.label2id, limit)
+        for table, path in ((train_set, args.train), (eval_set, args.eval or args.train)):
+            warning = cut_rows(table, path, min(limit, tokenizer.model_max_length))
+            if warning:
+                say(warning, file=sys.stderr)
         tokenizer.model_max_length = max(column_max(train_set, "length"), column_max(eval_set, "length"))
         return train_set, eval_set
 

@@ -189,7 +189,7 @@ def preflight_batch(ids, labels, label_dtype):
 
 def read_training_data(args, say=print) -> TrainingData:
     """--train (and --eval) read and checked by the task that --task names or the columns show."""
-    table = read_table(args.train)
+    table = read_table(args.train, args.encoding)
     return for_training(table, args.task).read(args, table, say)
 
 
@@ -303,7 +303,7 @@ def evaluate(args) -> int:
     model, tokenizer = load_classifier(args.model, job.device)
     task = for_model(model.config)
     task.check_options(args, model.config, "evaluate")
-    table = job.main_first(lambda: read_table(args.data))
+    table = job.main_first(lambda: read_table(args.data, args.encoding))
     spec = job.on_main(lambda: task.scoring_input(args, table, model.config, tokenizer, "evaluate", job.say))
     table = job.main_first(lambda: task.scored_table(args, table, spec))
     batches = scored_batches(
@@ -342,7 +342,7 @@ def predict(args) -> int:
         config = model.config
     task = for_model(config)
     task.check_options(args, config, "predict")
-    table = job.main_first(lambda: read_table(args.data))
+    table = job.main_first(lambda: read_table(args.data, args.encoding))
     spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "predict", job.say))
     table = job.main_first(lambda: task.scored_table(args, table, spec))
     if job.is_main:

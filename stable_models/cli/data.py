@@ -21,9 +21,10 @@ MAP_BATCH = 1_000  # rows per tokenizer call in `map`
 ROWS_PER_WORKER = 50_000  # below this a worker process costs more than it saves
 
 
-def read_table(path):
+def read_table(path, encoding=None):
     """A CSV / TSV / JSON lines / JSON / Parquet file (optionally .gz / .bz2 / .xz / .zst) or a datasets.save_to_disk
-    folder as a `datasets.Dataset`: converted to Arrow once, cached by datasets, memory-mapped after that."""
+    folder as a `datasets.Dataset`: converted to Arrow once, cached by datasets, memory-mapped after that. Text files
+    are read as UTF-8 unless `encoding` (--encoding) says otherwise."""
     import datasets
 
     source = Path(path)
@@ -47,6 +48,8 @@ def read_table(path):
         builder, options = {".csv": ("csv", {}), ".tsv": ("csv", {"sep": "\t"}), ".parquet": ("parquet", {})}.get(
             kind, ("json", {})
         )
+        if encoding and builder != "parquet":
+            options["encoding"] = encoding
         try:
             with no_progress_bars():  # one line per file read is noise in a command's output
                 table = datasets.load_dataset(builder, data_files=str(source.resolve()), split="train", **options)
@@ -55,6 +58,10 @@ def read_table(path):
             message = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             if "No columns to parse" in message or "Empty" in message:
                 raise CliError(f"{path} is empty") from None
+            if builder != "parquet":
+                where = first_unreadable_line(source, encoding, kind == ".jsonl")
+                if where:
+                    raise CliError(f"{path}: {where}") from None
             raise CliError(f"{path}: cannot be read as {kind[1:]}: {message}") from None
         if kind == ".json":
             table = columns_layout(table)
@@ -63,16 +70,55 @@ def read_table(path):
     return table
 
 
+OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}  # the compressions Python reads by itself
+
+
+def first_unreadable_line(source: Path, encoding, json_lines: bool) -> str | None:
+    """Why a text file failed to load, by line, when it is a line's fault: bytes that are not `encoding` (UTF-8 by
+    default), or (JSON lines) a line that is not JSON. None when no line is to blame, or for .zst files."""
+    import importlib
+    import json
+
+    if source.suffix == ".zst":
+        return None
+    opener = importlib.import_module(OPENERS[source.suffix]).open if source.suffix in OPENERS else open
+    offset = 0
+    with opener(source, "rb") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                text = line.decode(encoding or "utf-8")
+            except UnicodeDecodeError as error:
+                return (
+                    f"not {encoding or 'UTF-8'} text: line {number} (byte {offset + error.start}) holds "
+                    f"{line[error.start : error.start + 1]!r}; re-save the file as UTF-8, or pass its encoding "
+                    "(--encoding latin-1, cp1252, ...)"
+                )
+            if json_lines and text.strip():
+                try:
+                    json.loads(text)
+                except json.JSONDecodeError as error:
+                    return f"line {number} is not JSON ({error.msg}, column {error.colno}); fix or remove that line"
+            offset += len(line)
+    return None
+
+
 @contextlib.contextmanager
 def no_progress_bars():
-    """datasets' progress bars off for a step that only reads or checks (bad input then prints one line)."""
+    """datasets' progress bars and its logger off for a step that only reads or checks: bad input then prints one
+    line (ours), not datasets' own report of the same error before it."""
+    import logging
+
     import datasets
 
     enabled = datasets.utils.logging.is_progress_bar_enabled()
     datasets.disable_progress_bars()
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
     try:
         yield
     finally:
+        logger.setLevel(level)
         if enabled:
             datasets.enable_progress_bars()
 
@@ -121,11 +167,11 @@ def check_texts(table, args, path) -> None:
     import pyarrow
     import pyarrow.compute as pc
 
-    def blank(batch, key):
+    def missing_text(batch, key):
         values = batch.column(key)
         missing = pc.is_null(values, nan_is_null=True)
         if pyarrow.types.is_string(values.type) or pyarrow.types.is_large_string(values.type):
-            missing = pc.or_(missing, pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), True))
+            missing = pc.or_(missing, blank(values))
         return missing
 
     require_column(table, args.text_key, path, "--text-key")
@@ -134,7 +180,7 @@ def check_texts(table, args, path) -> None:
         require_column(table, args.text_pair_key, path, "--text-pair-key")
         columns.append((args.text_pair_key, "text pair"))
     for key, name in columns:
-        count, first = first_true(blank(batch, key) for batch in arrow_batches(table, [key]))
+        count, first = first_true(missing_text(batch, key) for batch in arrow_batches(table, [key]))
         if count:
             side = f" ({key!r} missing where {args.text_key!r} is given)" if name == "text pair" else ""
             raise CliError(
@@ -164,9 +210,13 @@ def label_problem_type(table, key, path) -> str:
     refuse_missing(table, key, path, "label")
     arrow_type = table.data.schema.field(key).type
     if pyarrow.types.is_list(arrow_type) or pyarrow.types.is_large_list(arrow_type):
+        refuse_bad_labels(table, key, path, blank_in_lists, "missing or empty")
         return "multi_label_classification"
     if pyarrow.types.is_floating(arrow_type):
+        refuse_bad_labels(table, key, path, not_finite, "not finite")
         return "regression"
+    if pyarrow.types.is_string(arrow_type) or pyarrow.types.is_large_string(arrow_type):
+        refuse_bad_labels(table, key, path, blank, "missing or empty")
     if any(
         test(arrow_type)
         for test in (
@@ -178,6 +228,46 @@ def label_problem_type(table, key, path) -> str:
     ):
         return "single_label_classification"
     return refuse_label_kinds(table[key], key, path)  # e.g. datasets' Json feature: a JSON column of mixed kinds
+
+
+def blank(values):
+    """Per row: an empty or whitespace-only string."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)
+
+
+def blank_in_lists(lists):
+    """Per row: a list holding a missing, empty or whitespace-only label."""
+    import numpy
+    import pyarrow
+    import pyarrow.compute as pc
+
+    if isinstance(lists, pyarrow.ChunkedArray):
+        lists = lists.combine_chunks()
+    elements = pc.list_flatten(lists)
+    bad = pc.is_null(elements, nan_is_null=True)
+    if pyarrow.types.is_string(elements.type) or pyarrow.types.is_large_string(elements.type):
+        bad = pc.or_(bad, blank(elements))
+    rows = numpy.zeros(len(lists), dtype=bool)
+    parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+    rows[parents[bad.to_numpy(zero_copy_only=False).astype(bool)]] = True
+    return pyarrow.array(rows)
+
+
+def not_finite(values):
+    import pyarrow.compute as pc
+
+    return pc.invert(pc.fill_null(pc.is_finite(values), True))
+
+
+def refuse_bad_labels(table, key, path, test, what) -> None:
+    """One line naming the first row whose label fails `test` (one vectorized pass)."""
+    count, first = first_true(test(batch.column(key)) for batch in arrow_batches(table, [key]))
+    if count:
+        raise CliError(
+            f"{path}: label {key!r} {what} in {count} row(s), first at row {first + 1}; fill or drop those rows"
+        )
 
 
 def refuse_label_kinds(labels, key, path) -> str:
@@ -259,20 +349,52 @@ def tokenized_chunks(tokenizer, table, text_key, pair_key, chunk: int):
 
 
 def tokenize(tokenizer, texts, pairs, max_length=None):
-    kwargs = {"truncation": True} if max_length is None else {"truncation": True, "max_length": max_length}
+    if max_length == LENGTH_UNCUT:
+        kwargs = {"truncation": False, "verbose": False}  # no "longer than model_max_length" warning
+    else:
+        kwargs = {"truncation": True} if max_length is None else {"truncation": True, "max_length": max_length}
     encoded = tokenizer(texts, pairs, **kwargs) if pairs is not None else tokenizer(texts, **kwargs)
     return encoded["input_ids"]
 
 
 def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
-    """One `map` batch: token ids, their count (for length-grouped batches) and the encoded labels."""
+    """One `map` batch: token ids, their count (for length-grouped batches), the encoded labels, and the full
+    length of each row that truncation cut (0 where nothing was cut), for train's warning."""
     texts, pairs = texts_of(batch, text_key, pair_key)
-    ids = tokenize(tokenizer, texts, pairs, max_length)
+    ids = tokenize(tokenizer, texts, pairs, LENGTH_UNCUT)
+    limit = max_length or tokenizer.model_max_length
+    long = [i for i, row in enumerate(ids) if len(row) > limit]
+    cut_from = [0] * len(ids)
+    if long:  # re-tokenized with the tokenizer's own truncation (which keeps its special tokens)
+        shortened = tokenize(tokenizer, [texts[i] for i in long], pairs and [pairs[i] for i in long], max_length)
+        for i, row in zip(long, shortened, strict=True):
+            cut_from[i], ids[i] = len(ids[i]), row
     return {
         "input_ids": ids,
         "length": [len(i) for i in ids],
         "labels": encode_labels(batch[label_key], problem_type, label2id, "map"),
+        "cut_from": cut_from,
     }
+
+
+LENGTH_UNCUT = 10**12
+
+
+def cut_rows(table, path, flag_limit: int) -> str | None:
+    """train's warning about rows that truncation cut (an `encoded` table), or None."""
+    import pyarrow.compute as pc
+
+    count, longest = 0, 0
+    for batch in arrow_batches(table, ["cut_from"]):
+        column = batch.column("cut_from")
+        count += pc.sum(pc.greater(column, 0)).as_py() or 0
+        longest = max(longest, pc.max(column).as_py() or 0)
+    if not count:
+        return None
+    return (
+        f"[train] warning: {path}: {count} row(s) longer than {flag_limit} tokens were cut to {flag_limit} (the "
+        f"longest: {longest:,} tokens); --max-length chooses the length, up to the model's positions"
+    )
 
 
 def workers(rows: int) -> int | None:

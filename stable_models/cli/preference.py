@@ -43,7 +43,7 @@ class Preference(Task):
         """--train (and --eval, or a held-out --eval-fraction) as checked preference pairs of one layout."""
         layouts = [read_pairs(table, args.train, say)]
         if args.eval:
-            eval_table = read_table(args.eval)
+            eval_table = read_table(args.eval, args.encoding)
             layouts.append(read_pairs(eval_table, args.eval, say))
         else:
             table, eval_table = split_eval(table, args.eval_fraction, args.seed)

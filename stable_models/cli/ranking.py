@@ -41,9 +41,9 @@ class Ranking(Task):
         if bool(args.mine_negatives) != bool(args.corpus):
             raise CliError("--mine-negatives K and --corpus FILE go together")
         if args.mine_negatives:
-            groups = mine_negatives(groups, args.corpus, args.mine_negatives, say)
+            groups = mine_negatives(groups, args.corpus, args.mine_negatives, say, args.encoding)
         if args.eval:
-            eval_table = read_table(args.eval)
+            eval_table = read_table(args.eval, args.encoding)
             eval_groups = read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval)
         else:
             groups, eval_groups = split_eval(groups, args.eval_fraction, args.seed)

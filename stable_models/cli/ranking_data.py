@@ -106,12 +106,72 @@ def to_groups(batch, indices, layout: Layout):
     return out
 
 
+SHAPES = {  # what a layout's column holds: (is the Arrow type right, is a value right, the words)
+    "text": (
+        lambda t: pa_types().is_string(t) or pa_types().is_large_string(t),
+        lambda v: v is None or isinstance(v, str),
+        "a text",
+    ),
+    "texts": (
+        lambda t: (
+            (pa_types().is_list(t) or pa_types().is_large_list(t))
+            and (pa_types().is_string(t.value_type) or pa_types().is_large_string(t.value_type))
+        ),
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+        "a list of texts",
+    ),
+    "scores": (
+        lambda t: (
+            (pa_types().is_list(t) or pa_types().is_large_list(t))
+            and (pa_types().is_integer(t.value_type) or pa_types().is_floating(t.value_type))
+        ),
+        lambda v: v is None or (isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)),
+        "a list of numbers",
+    ),
+}
+
+
+def pa_types():
+    import pyarrow
+
+    return pyarrow.types
+
+
+def wanted_shapes(layout: Layout, columns) -> dict:
+    if layout.kind == "flag":
+        shapes = {"query": "text", "pos": "texts", "neg": "texts", "prompt": "text"}
+        shapes |= {"pos_scores": "scores", "neg_scores": "scores"}
+    elif layout.kind == "tuples":
+        shapes = {"query": "text", "positive": "text"} | dict.fromkeys(negative_columns(columns), "text")
+    else:
+        shapes = {}
+    return {column: shape for column, shape in shapes.items() if column in columns}
+
+
+def check_shapes(table, layout: Layout, path) -> None:
+    """Each column holds what the layout says (a text, a list of texts, a list of numbers): one line naming the first
+    row that does not. The Arrow type answers for a whole column; rows are looked at only when it is not right."""
+    schema = table.data.schema
+    for column, shape in wanted_shapes(layout, table.column_names).items():
+        right_type, right_value, words = SHAPES[shape]
+        if right_type(schema.field(column).type) or pa_types().is_null(schema.field(column).type):
+            continue
+        for start in range(0, len(table), 65_536):
+            values = table[start : start + 65_536][column]
+            bad = next((i for i, v in enumerate(values) if not right_value(v)), None)
+            if bad is not None:
+                shown = repr(values[bad])
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise CliError(f"{path}: {column!r} holds {words} per row; row {start + bad + 1} holds {shown}")
+
+
 def read_groups(table, layout: Layout, args, path, need_positive=True, checked=True):
     """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise.
     `checked=False` skips the group checks, for a table a first call has checked."""
     if layout.kind == "pointwise":
         groups = pointwise_groups(table, args, path)
     else:
+        check_shapes(table, layout, path)
         with no_progress_bars():
             groups = table.map(
                 to_groups,
@@ -302,7 +362,7 @@ def tokenized_groups(groups, tokenizer, template: Template, limit: int):
     )
 
 
-def mine_negatives(groups, corpus_path: str, count: int, say):
+def mine_negatives(groups, corpus_path: str, count: int, say, encoding=None):
     """--mine-negatives K --corpus FILE: each group gains up to K hard negatives, the corpus documents BM25 (bm25s)
     ranks highest for its query that are not already in the group (its positives included) and share a term with
     it."""
@@ -312,7 +372,7 @@ def mine_negatives(groups, corpus_path: str, count: int, say):
 
     if importlib.util.find_spec("bm25s") is None:
         raise CliError("--mine-negatives needs bm25s: pip install 'stable_models[cli]'")
-    corpus_table = read_table(corpus_path)
+    corpus_table = read_table(corpus_path, encoding)
     key = next((k for k in ("text", "document", "passage") if k in corpus_table.column_names), None)
     if key is None:
         raise CliError(f"--corpus {corpus_path}: no 'text', 'document' or 'passage' column to mine from")
