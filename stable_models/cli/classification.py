@@ -55,12 +55,18 @@ class Classification(Task):
                     f"the eval labels are {eval_problem_type}, the training labels {problem_type}; make them one kind"
                 )
         else:
-            table, eval_table = split_eval(table, args.eval_fraction, args.seed)
+            table, eval_table = split_eval(table, args.eval_fraction, args.seed, args.train)
         names = label_names(table, args.label_key, problem_type) if problem_type != REGRESSION else ["score"]
         if problem_type == SINGLE and len(names) < 2:
             raise CliError(f"{args.train}: only one label ({names[0]!r}); a classifier needs at least two")
         data = TrainingData(self, table, eval_table, problem_type, names)
-        check_known_labels(eval_table, args.label_key, problem_type, data.label2id, args.eval or "the held-out rows")
+        check_known_labels(
+            eval_table,
+            args.label_key,
+            problem_type,
+            data.label2id,
+            args.eval or f"{args.train} (the rows held out for eval)",
+        )
         return data
 
     def best_metric(self, data):

@@ -63,11 +63,23 @@ def read_table(path, encoding=None):
                 if where:
                     raise CliError(f"{path}: {where}") from None
             raise CliError(f"{path}: cannot be read as {kind[1:]}: {message}") from None
+        if builder != "parquet":
+            refuse_invalid_text(table, source, path, encoding, kind == ".jsonl")
         if kind == ".json":
             table = columns_layout(table)
     if len(table) == 0:
         raise CliError(f"{path} is empty (no rows)")
     return table
+
+
+def refuse_invalid_text(table, source: Path, path, encoding, json_lines: bool) -> None:
+    """pyarrow's JSON reader keeps bytes that are not UTF-8 inside strings (they fail later, as a traceback): a full
+    validation of the Arrow table (C++, one pass) finds them, and the file's line is then named."""
+    try:
+        table.data.table.validate(full=True)
+    except Exception:
+        where = first_unreadable_line(source, encoding, json_lines)
+        raise CliError(f"{path}: {where or 'holds text that is not valid UTF-8'}") from None
 
 
 OPENERS = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}  # the compressions Python reads by itself
@@ -322,14 +334,14 @@ def check_known_labels(table, key, problem_type, label2id, path) -> None:
             raise CliError(str(error)) from None
 
 
-def split_eval(table, fraction, seed):
+def split_eval(table, fraction, seed, path="--train"):
     """(train, eval): a seeded random `fraction` of the rows held out."""
     if not 0 < fraction < 1:
         raise CliError(f"--eval-fraction {fraction} must be between 0 and 1")
     rows = len(table)
     count = max(1, round(rows * fraction))
     if count >= rows:
-        raise CliError(f"--train has {rows} row(s): too few to hold out an eval set; pass --eval FILE")
+        raise CliError(f"{path}: {rows} row(s), too few to hold out an eval set; pass --eval FILE")
     split = table.train_test_split(test_size=count, seed=seed, shuffle=True)
     return split["train"], split["test"]
 

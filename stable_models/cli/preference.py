@@ -46,7 +46,7 @@ class Preference(Task):
             eval_table = read_table(args.eval, args.encoding)
             layouts.append(read_pairs(eval_table, args.eval, say))
         else:
-            table, eval_table = split_eval(table, args.eval_fraction, args.seed)
+            table, eval_table = split_eval(table, args.eval_fraction, args.seed, args.train)
             layouts.append(layouts[0])
         # a reward: one unbounded output
         return TrainingData(self, table, eval_table, "regression", [REWARD], tuple(layouts))

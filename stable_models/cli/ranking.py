@@ -46,7 +46,7 @@ class Ranking(Task):
             eval_table = read_table(args.eval, args.encoding)
             eval_groups = read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval)
         else:
-            groups, eval_groups = split_eval(groups, args.eval_fraction, args.seed)
+            groups, eval_groups = split_eval(groups, args.eval_fraction, args.seed, args.train)
         return TrainingData(self, groups, eval_groups, "regression", [SCORE], (layout,))
 
     def model_options(self, args, data) -> dict:
