@@ -102,10 +102,8 @@ def lengths_dataset(examples, tokens):
 def test_evaluation_stays_under_its_share_of_the_run(eval_examples, steps, expected_evaluations):
     """Evaluations (forward only) against training (forward and backward, TRAIN_COST forwards a token): as many as
     keep them under EVAL_SHARE, at most 5, at least one; a big eval set is evaluated once, at the last step."""
-    training = SimpleNamespace(
-        max_steps=steps, per_device_train_batch_size=4, gradient_accumulation_steps=1, world_size=1
-    )
-    args = SimpleNamespace(eval_steps=None, epochs=1.0)
+    training = SimpleNamespace(world_size=1)
+    args = SimpleNamespace(eval_steps=None, max_steps=steps, batch_size=4, grad_accum=1, epochs=1.0)
     line = evaluation_cadence(args, training, lengths_dataset(64, 10), lengths_dataset(eval_examples, 10))
     evaluations = steps // training.eval_steps
     assert evaluations == expected_evaluations and training.save_steps == training.eval_steps

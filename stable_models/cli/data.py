@@ -63,7 +63,7 @@ def read_table(path, encoding=None):
                 if where:
                     raise CliError(f"{path}: {where}") from None
             raise CliError(f"{path}: cannot be read as {kind[1:]}: {message}") from None
-        if builder != "parquet":
+        if builder == "json":  # pandas' CSV reader refuses such bytes itself
             refuse_invalid_text(table, source, path, encoding, kind == ".jsonl")
         if kind == ".json":
             table = columns_layout(table)
@@ -360,8 +360,8 @@ def tokenized_chunks(tokenizer, table, text_key, pair_key, chunk: int):
         yield texts, encoded["input_ids"]
 
 
-def tokenize(tokenizer, texts, pairs, max_length=None):
-    if max_length == LENGTH_UNCUT:
+def tokenize(tokenizer, texts, pairs, max_length=None, truncate=True):
+    if not truncate:
         kwargs = {"truncation": False, "verbose": False}  # no "longer than model_max_length" warning
     else:
         kwargs = {"truncation": True} if max_length is None else {"truncation": True, "max_length": max_length}
@@ -373,7 +373,7 @@ def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, 
     """One `map` batch: token ids, their count (for length-grouped batches), the encoded labels, and the full
     length of each row that truncation cut (0 where nothing was cut), for train's warning."""
     texts, pairs = texts_of(batch, text_key, pair_key)
-    ids = tokenize(tokenizer, texts, pairs, LENGTH_UNCUT)
+    ids = tokenize(tokenizer, texts, pairs, truncate=False)
     limit = max_length or tokenizer.model_max_length
     long = [i for i, row in enumerate(ids) if len(row) > limit]
     cut_from = [0] * len(ids)
@@ -387,9 +387,6 @@ def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, 
         "labels": encode_labels(batch[label_key], problem_type, label2id, "map"),
         "cut_from": cut_from,
     }
-
-
-LENGTH_UNCUT = 10**12
 
 
 def cut_rows(table, path, flag_limit: int) -> str | None:

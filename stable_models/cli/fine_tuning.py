@@ -125,14 +125,13 @@ def fsdp_options(enabled: bool) -> dict:
     return {"fsdp": "full_shard auto_wrap", "fsdp_config": {"use_orig_params": True}}
 
 
-def trackers(args, logs: Path) -> list[str]:
+def trackers(args, logs: Path, run: str) -> list[str]:
     """--report-to: Trainer's own integrations, each logging under `logs` (offline for those that would need a
     service) unless the user's environment already says where; in-process, `cli.main` restores os.environ after."""
     chosen = [name for name in args.report_to if name != "none"]
     for name in chosen:
         if importlib.util.find_spec(name) is None:
             raise CliError(f"--report-to {name} needs {name}: pip install {name}")
-    run = args.run_name or Path(args.output).resolve().name
     where = {
         "tensorboard": {"TENSORBOARD_LOGGING_DIR": str(logs / run)},  # transformers 5 (4.x: TrainingArguments)
         "wandb": {"WANDB_MODE": "offline", "WANDB_DIR": str(logs)},
@@ -145,6 +144,11 @@ def trackers(args, logs: Path) -> list[str]:
     return chosen
 
 
+def planned_steps(args, rows: int, world: int) -> int:
+    """Optimizer steps of a run: --max-steps, or --epochs over `rows` at the batch of all processes."""
+    return args.max_steps or math.ceil(math.ceil(rows / (args.batch_size * args.grad_accum * world)) * args.epochs)
+
+
 def training_arguments(args, data, dtype: str, checkpoints: Path):
     """TrainingArguments of a run: evaluation and checkpoints up to five times per run, the best restored at the end,
     and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
@@ -152,8 +156,8 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
     from transformers import TrainingArguments
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    steps_per_epoch = math.ceil(len(data.train) / (args.batch_size * args.grad_accum * world))
-    total_steps = args.max_steps or math.ceil(steps_per_epoch * args.epochs)
+    total_steps = planned_steps(args, len(data.train), world)
+    run = args.run_name or Path(args.output).resolve().name
     eval_steps = args.eval_steps or max(1, total_steps // MAX_EVALUATIONS)  # evaluation_cadence may space them more
     best_metric, greater_is_better = data.task.best_metric(data)
     if args.deepspeed and world > 1:
@@ -186,8 +190,8 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
         seed=args.seed,
         bf16=dtype == "bf16",
         use_cpu=not torch.cuda.is_available(),
-        report_to=trackers(args, checkpoints.parent.resolve() / "logs"),
-        run_name=args.run_name or Path(args.output).resolve().name,
+        report_to=trackers(args, checkpoints.parent.resolve() / "logs", run),
+        run_name=run,
         remove_unused_columns=False,
         ddp_find_unused_parameters=False,  # train sets it from the pre-flight where a model needs it
         label_names=["labels"],
@@ -216,11 +220,8 @@ def evaluation_cadence(args, training, train_set, eval_set) -> str:
     Sets training.eval_steps and save_steps; returns the line train prints."""
     if args.eval_steps:
         return f"evaluating every {args.eval_steps} steps (--eval-steps)"
-    per_step_examples = training.per_device_train_batch_size * training.gradient_accumulation_steps
-    steps = training.max_steps
-    if steps <= 0:
-        steps = math.ceil(math.ceil(len(train_set) / (per_step_examples * training.world_size)) * args.epochs)
-    per_step = mean_tokens(train_set) * per_step_examples
+    steps = planned_steps(args, len(train_set), training.world_size)
+    per_step = mean_tokens(train_set) * args.batch_size * args.grad_accum
     evaluated = sum(eval_set.with_format("arrow")["length"].to_pylist()) / training.world_size
     affordable = EVAL_SHARE / (1 - EVAL_SHARE) * TRAIN_COST * per_step * steps / max(evaluated, 1)
     training.eval_steps = training.save_steps = math.ceil(steps / max(1, min(MAX_EVALUATIONS, int(affordable))))
