@@ -23,7 +23,7 @@ from .modeling_checks import user_stacklevel
 # invariance; these types are refused, saying why (model_type -> reason).
 PADDING_REACHES_REAL_TOKENS = {
     "zamba": "padding reaches real tokens through its Mamba layers (fp64, tiny config: NaN logits with left padding)",
-    "zamba2": "padding reaches real tokens through its Mamba layers (fp64, tiny config: 3.9e-7 off either side)",
+    "zamba2": "padding reaches real tokens through its Mamba layers (fp64, tiny config: NaN logits with left padding)",
     "deepseek_v4": (
         "its compressed attention pools keys over fixed windows of compress_rate tokens counted from the start of the "
         "row, so left padding mixes pads into the real tokens' compressed keys (tiny config, fp32: 0.37 off with left "
@@ -113,6 +113,12 @@ def decoder_classifier(model_type: str) -> type:
     classified with the contract."""
     transformers = importlib.import_module("transformers")
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
+    if model_type in PADDING_REACHES_REAL_TOKENS:  # measured, whatever class transformers gives it (Zamba's became
+        # a GenericForSequenceClassification in transformers 5.25)
+        raise ValueError(
+            f"model_type={model_type!r} cannot be classified with stable_models' guarantees: "
+            f"{PADDING_REACHES_REAL_TOKENS[model_type]}."
+        )
     name = auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
     stock = getattr(transformers, name, None) if isinstance(name, str) else None
     if stock is not None and issubclass(stock, GenericForSequenceClassification):
@@ -181,8 +187,6 @@ def why_not_a_decoder(model_type: str, model_class: type, stock: type | None) ->
         for value in vars(module).values()
     ):
         return "its layers are not GradientCheckpointingLayers, so the mask guard cannot reach their attention masks"
-    if model_type in PADDING_REACHES_REAL_TOKENS:
-        return PADDING_REACHES_REAL_TOKENS[model_type]
     if stock is not None:
         if not stock.base_model_prefix:  # the Stable forward calls the backbone by that name
             return f"its classifier ({stock.__name__}) names no base_model_prefix for its backbone"

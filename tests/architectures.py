@@ -23,6 +23,7 @@ from stable_models.modeling_rules import (
 
 PAD, EOS, BOS = 0, 1, 2
 VOCAB = 96
+DOCS_TRANSFORMERS = "5.25.0"  # the release docs/supported-models.md and the README count for (the newest)
 SLIDING_WINDOW = 3  # shorter than the padding in every test batch, so the sliding-window mask paths run
 
 
@@ -175,7 +176,7 @@ GEMMA = dict(
     head_dim=16, query_pre_attn_scalar=16, sliding_window=W, layer_types=["sliding_attention", "full_attention"]
 )
 
-# Every model type whose stock classifier is built on GenericForSequenceClassification (transformers 5.24: 49).
+# Every model type whose stock classifier is built on GenericForSequenceClassification (transformers 5.25: 49).
 # Tiny configs: hidden 32, 2 layers, every sliding window shorter than the padding of the test batches.
 TABLE = [
     Arch("arcee"),
@@ -369,6 +370,7 @@ TABLE = [
     Arch("dots1", shrink=True),
     Arch("dots3_note", DOTS3_NOTE, shrink=True, multimodal=DOTS3_NOTE_TOWERS),
     Arch("dots3_note_text", DOTS3_NOTE, shrink=True),
+    Arch("ergo", shrink=True),
     Arch("ernie4_5", shrink=True),
     Arch("ernie4_5_moe", shrink=True),
     Arch("exaone", shrink=True),
@@ -441,6 +443,24 @@ TABLE = [
         shrink=True,
     ),
     Arch("kolibri1", shrink=True),
+    Arch(
+        "kolibri1_1",
+        dict(
+            head_dim=16,  # NVFP4 rounding of keys and values needs a multiple of 16
+            layer_types=["sliding_attention", "indexed_attention"],
+            index_layers=[1],
+            kv_source_layers=[0, 1],
+            index_num_heads=2,
+            index_topk=4,
+            index_pool_size=8,
+            index_compression=2,
+            index_num_local_tokens=2,
+            index_num_sink_tokens=1,
+            mlp_only_layers=[0],
+            mlp_only_intermediate_size=64,
+        ),
+        shrink=True,
+    ),
     Arch("laguna", shrink=True),
     Arch("lara_mini", shrink=True),
     Arch("lfm2", shrink=True),
@@ -450,6 +470,7 @@ TABLE = [
     Arch("longcat_flash", {"num_key_value_heads": 4, "zero_expert_num": 1}, shrink=True),
     Arch("mellum", shrink=True),
     Arch("mimo_v2_flash", shrink=True),
+    Arch("minicpm5_moe", shrink=True),
     Arch("minimax_m2", shrink=True),
     Arch("minimax_m3_vl_text", shrink=True),
     Arch(
@@ -500,6 +521,7 @@ TABLE = [
     Arch("olmo_hybrid", shrink=True),
     Arch("open-llama", shrink=True),  # transformers 4.57 only (deprecated there, gone in 5.x)
     Arch("olmoe", shrink=True),
+    Arch("param2moe", shrink=True),
     Arch(
         "qwen3_5_moe",
         shrink=True,
@@ -606,6 +628,7 @@ SHRUNK = dict(
     ffn_hidden_size=64,
     expert_ffn_hidden_size=16,
     dense_intermediate_size=64,
+    first_dense_intermediate_size=64,
     shared_intermediate_size=16,
     router_hidden_size=16,
     index_head_dim=8,

@@ -1,6 +1,7 @@
 """Bad rows that used to get through, or out as more than one line: empty and blank labels (inside multi-label lists
-too), infinite regression labels, a broken JSON line, a file that is not UTF-8. Each is one stderr line naming the
-file, the column or line and the first bad row, exit code 2, before any model is loaded, nothing written."""
+too), infinite regression labels and preference margins, a broken JSON line, a file that is not UTF-8. Each is one
+stderr line naming the file, the column or line and the first bad row, exit code 2, before any model is loaded,
+nothing written."""
 
 import json
 
@@ -16,6 +17,15 @@ def labelled(label, count=61, row=BAD_ROW, good=None):
     """61 rows of the test's reviews with `label` at `row` (1-based); the others' labels from `good(i)`."""
     table = [{"text": r["text"], "label": good(i) if good else r["label"]} for i, r in enumerate(rows("string", count))]
     table[row - 1]["label"] = label
+    return table
+
+
+def pairs_with_margin(margin, count=61, row=BAD_ROW):
+    """Preference pairs (TRL's implicit-prompt layout plus Llama 2's margin) with `margin` at `row` (1-based)."""
+    table = [
+        {"chosen": f"a kind answer {i}", "rejected": f"a rude answer {i}", "margin": (i % 3) / 2} for i in range(count)
+    ]
+    table[row - 1]["margin"] = margin
     return table
 
 
@@ -54,6 +64,11 @@ def cases(tmp_path):
             "infinite label (JSON lines)",
             write(tmp_path / "infinite.jsonl", labelled(float("inf"), good=numbers)),
             "label 'label' not finite in 1 row(s), first at row 31",
+        ),
+        (
+            "infinite margin (preference pairs)",
+            write(tmp_path / "pairs.jsonl", pairs_with_margin(float("inf"))),
+            "'margin' is not finite in 1 row(s), first at row 31",
         ),
         ("broken JSON line", broken, "line 31 is not JSON"),
         ("Latin-1 CSV", latin, "not UTF-8 text: line 32 (byte"),  # line 32: the header is line 1
@@ -95,3 +110,11 @@ def test_train_counts_the_rows_it_cuts(base, tmp_path, capfd):  # noqa: F811
     full = len(AutoTokenizer.from_pretrained(base)(long_text)["input_ids"])
     warning = f"{data}: 1 row(s) longer than 16 tokens were cut to 16 (the longest: {full:,} tokens)"
     assert capfd.readouterr().err.count(warning) == 1
+    # evaluate and predict cut to the trained length too (they cut in silence before), and say so once per command
+    model = tmp_path / "m"
+    for command, extra in (("evaluate", []), ("predict", ["--output", tmp_path / "p.jsonl"])):
+        assert run(command, "--model", model, "--data", data, *extra) == 0
+        assert capfd.readouterr().err.count(f"[{command}] warning: {warning}") == 1, command
+    short = write(tmp_path / "short.jsonl", table[:5])
+    assert run("predict", "--model", model, "--data", short, "--output", tmp_path / "q.jsonl") == 0
+    assert "were cut" not in capfd.readouterr().err

@@ -225,8 +225,9 @@ def test_a_long_input_is_cut_in_the_document_only():
     tokenizer = qwen2_like()
     template = Template("qwen3", None)
     query, document = "is it great", " ".join(["the film was great"] * 40)
-    full = template.ids(tokenizer, [query], [document], 10**9)[0]
-    cut = template.ids(tokenizer, [query], [document], 300)[0]
+    (full,), (full_cut_from,) = template.ids(tokenizer, [query], [document], 10**9)
+    (cut,), (cut_from,) = template.ids(tokenizer, [query], [document], 300)
+    assert full_cut_from == 0 and cut_from == len(full)  # what evaluate's and predict's warning counts
     head, tail = QWEN3.split("{document}")
     head_ids = tokenizer(head.format(query=query, instruction=template.instruction), add_special_tokens=False)[
         "input_ids"
@@ -234,7 +235,8 @@ def test_a_long_input_is_cut_in_the_document_only():
     tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
     assert len(cut) == 300 and cut[: len(head_ids)] == head_ids and cut[-len(tail_ids) :] == tail_ids
     assert len(full) > 300 and full[: len(head_ids)] == head_ids
-    pair = Template("pair", None).ids(tokenizer, [query], [document], 12)[0]
+    (pair,), (pair_cut_from,) = Template("pair", None).ids(tokenizer, [query], [document], 12)
+    assert pair_cut_from == len(tokenizer(query, document)["input_ids"])
     assert len(pair) == 12 and pair[: len(tokenizer(query)["input_ids"])] == tokenizer(query)["input_ids"]
 
 

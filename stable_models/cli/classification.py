@@ -20,7 +20,8 @@ from .data import (
     labelled,
     read_table,
     split_eval,
-    tokenize,
+    texts_of,
+    tokenize_cutting,
 )
 from .errors import CliError
 from .tasks import RANKING_OPTIONS, ModelInputs, Task, TrainingData, refuse_options
@@ -144,11 +145,12 @@ class Classification(Task):
     def scored_columns(self, spec, args) -> list[str]:
         return [args.text_key] + ([args.text_pair_key] if args.text_pair_key else [])
 
-    def render(self, spec, tokenizer, args):
+    def render(self, spec, tokenizer, args, cuts):
         def render(batch):
-            texts = [str(t) for t in batch[args.text_key]]
-            pairs = [str(p) for p in batch[args.text_pair_key]] if args.text_pair_key else None
-            return [tokenize(tokenizer, texts, pairs)]
+            texts, pairs = texts_of(batch, args.text_key, args.text_pair_key)
+            ids, cut_from = tokenize_cutting(tokenizer, texts, pairs)
+            cuts.add(cut_from, tokenizer.model_max_length)
+            return [ids]
 
         return render
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .data import read_table
+from .data import CutCount, read_table
 from .distributed import Job, output_lock, refuse_if_locked
 from .errors import CliError
 from .fine_tuning import (
@@ -306,14 +306,16 @@ def evaluate(args) -> int:
     table = job.main_first(lambda: read_table(args.data, args.encoding))
     spec = job.on_main(lambda: task.scoring_input(args, table, model.config, tokenizer, "evaluate", job.say))
     table = job.main_first(lambda: task.scored_table(args, table, spec))
+    cuts = CutCount()
     batches = scored_batches(
         job,
         table,
         task.scored_columns(spec, args),
-        task.render(spec, tokenizer, args),
+        task.render(spec, tokenizer, args, cuts),
         torch_engine(model, tokenizer, args.batch_size),
     )
     scores = gathered_scores(job, batches)
+    cuts.warn(job, "evaluate", args.data)
     job.on_main(lambda: write_evaluation(args, model, task.evaluation(args, model, table, spec, scores)))
     job.leave()
     return 0
@@ -364,13 +366,15 @@ def predict(args) -> int:
     job.barrier()
     columns = task.prediction_columns(spec, config, args)
     writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args), args.top_k)
-    render = task.render(spec, tokenizer, args)
+    cuts = CutCount()
+    render = task.render(spec, tokenizer, args, cuts)
     try:
         for batch, scores in scored_batches(job, table, task.scored_columns(spec, args), render, engine):
             writer.write(task.prediction_rows(batch, scores, spec, config, args))
     except BaseException:
         writer.discard()
         raise
+    cuts.warn(job, "predict", args.data)
     writer.finish()
     job.say(f"predict: {len(table)} rows -> {output}")
     job.leave()

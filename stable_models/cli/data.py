@@ -8,6 +8,7 @@ Each problem is a `CliError` naming the file, the column and the first bad row, 
 import contextlib
 import numbers
 import os
+import sys
 from pathlib import Path
 
 from ..labels import encode_labels, refuse_unseen
@@ -351,15 +352,6 @@ def texts_of(batch: dict, text_key, pair_key):
     return texts, None if not pair_key else [str(p) for p in batch[pair_key]]
 
 
-def tokenized_chunks(tokenizer, table, text_key, pair_key, chunk: int):
-    """(texts, token ids) of `table`'s rows, `chunk` rows at a time, in row order, truncated as the tokenizer says."""
-    columns = [text_key] + ([pair_key] if pair_key else [])
-    for batch in table.select_columns(columns).iter(batch_size=chunk):
-        texts, pairs = texts_of(batch, text_key, pair_key)
-        encoded = tokenizer(texts, pairs, truncation=True) if pairs else tokenizer(texts, truncation=True)
-        yield texts, encoded["input_ids"]
-
-
 def tokenize(tokenizer, texts, pairs, max_length=None, truncate=True):
     if not truncate:
         kwargs = {"truncation": False, "verbose": False}  # no "longer than model_max_length" warning
@@ -369,24 +361,57 @@ def tokenize(tokenizer, texts, pairs, max_length=None, truncate=True):
     return encoded["input_ids"]
 
 
-def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
-    """One `map` batch: token ids, their count (for length-grouped batches), the encoded labels, and the full
-    length of each row that truncation cut (0 where nothing was cut), for train's warning."""
-    texts, pairs = texts_of(batch, text_key, pair_key)
+def tokenize_cutting(tokenizer, texts, pairs, max_length=None) -> tuple[list, list[int]]:
+    """Token ids truncated as the tokenizer truncates (it keeps its special tokens), and each row's full length where
+    truncation cut it (0 elsewhere): what train's, evaluate's and predict's warnings count."""
     ids = tokenize(tokenizer, texts, pairs, truncate=False)
     limit = max_length or tokenizer.model_max_length
     long = [i for i, row in enumerate(ids) if len(row) > limit]
     cut_from = [0] * len(ids)
-    if long:  # re-tokenized with the tokenizer's own truncation (which keeps its special tokens)
+    if long:
         shortened = tokenize(tokenizer, [texts[i] for i in long], pairs and [pairs[i] for i in long], max_length)
         for i, row in zip(long, shortened, strict=True):
             cut_from[i], ids[i] = len(ids[i]), row
+    return ids, cut_from
+
+
+def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
+    """One `map` batch: token ids, their count (for length-grouped batches), the encoded labels, and the full
+    length of each row that truncation cut (0 where nothing was cut), for train's warning."""
+    texts, pairs = texts_of(batch, text_key, pair_key)
+    ids, cut_from = tokenize_cutting(tokenizer, texts, pairs, max_length)
     return {
         "input_ids": ids,
         "length": [len(i) for i in ids],
         "labels": encode_labels(batch[label_key], problem_type, label2id, "map"),
         "cut_from": cut_from,
     }
+
+
+class CutCount:
+    """The rows that truncation cut while evaluate or predict scored them, summed over the ranks into one warning:
+    a score of a cut text is a score of its start, which the user should know."""
+
+    def __init__(self):
+        self.rows, self.longest, self.limit = 0, 0, 0
+
+    def add(self, cut_from, limit: int) -> None:
+        cut = [n for n in cut_from if n]
+        self.rows += len(cut)
+        self.longest = max([self.longest, *cut])
+        self.limit = limit
+
+    def warn(self, job, command: str, path) -> None:
+        counts = job.gather((self.rows, self.longest, self.limit))
+        if not job.is_main or not sum(rows for rows, _, _ in counts):
+            return
+        rows = sum(r for r, _, _ in counts)
+        longest, limit = max(n for _, n, _ in counts), max(n for _, _, n in counts)
+        print(
+            f"[{command}] warning: {path}: {rows} row(s) longer than {limit} tokens were cut to {limit} (the "
+            f"longest: {longest:,} tokens), the model's limit from training; their scores read only what fits",
+            file=sys.stderr,
+        )
 
 
 def cut_rows(table, path, flag_limit: int) -> str | None:

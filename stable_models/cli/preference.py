@@ -139,7 +139,8 @@ class Preference(Task):
             dict.fromkeys([key] + (["prompt"] if prompt else []) + ([args.group_key] if args.group_key else []))
         )
 
-    def render(self, spec, tokenizer, args):
+    def render(self, spec, tokenizer, args, cuts):
+        """Responses are scored whole (training drops over-long pairs rather than cut a response's end)."""
         kind, layout = spec
         if kind == "pairs":
 

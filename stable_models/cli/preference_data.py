@@ -14,7 +14,7 @@ conversations are `prompt + response` messages through the tokenizer's chat temp
 import json
 from dataclasses import dataclass
 
-from .data import CHECK_BATCH, arrow_batches, first_true, require_column
+from .data import CHECK_BATCH, arrow_batches, first_true, not_finite, require_column
 from .errors import CliError
 
 SIDES = ("chosen", "rejected")
@@ -112,6 +112,13 @@ def check_pairs(table, layout: Layout, path) -> int:
             raise CliError(
                 f"{path}: {key!r} is missing{' or NaN' if key == 'margin' else ''} in {count} row(s), first at row "
                 f"{first + 1}; fill or drop those rows"
+            )
+    if layout.margin:
+        count, first = first_true(not_finite(batch.column("margin")) for batch in arrow_batches(table, ["margin"]))
+        if count:
+            raise CliError(
+                f"{path}: 'margin' is not finite in {count} row(s), first at row {first + 1}: an infinite margin "
+                "makes every loss infinite; fill or drop those rows"
             )
     if not layout.conversational:
         for side in SIDES:

@@ -153,12 +153,14 @@ class Ranking(Task):
             return list(dict.fromkeys(["query", "document"] + ([args.group_key] if args.group_key else [])))
         return ["group", "query", "document", "relevance", "position", "prompt"]
 
-    def render(self, spec, tokenizer, args):
+    def render(self, spec, tokenizer, args, cuts):
         template = Template(spec["template"], spec["instruction"])
 
         def render(batch):
             prompts = batch.get("prompt")
-            return [template.ids(tokenizer, batch["query"], batch["document"], spec["limit"], prompts)]
+            ids, cut_from = template.ids(tokenizer, batch["query"], batch["document"], spec["limit"], prompts)
+            cuts.add(cut_from, spec["limit"])
+            return [ids]
 
         return render
 

@@ -304,7 +304,9 @@ class Template:
         instruction = f", instruction {self.instruction!r}" if "{instruction}" in self.text else ""
         return f"template of {len(self.text)} characters{instruction} (sha256 {digest}...)"
 
-    def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> list[list[int]]:
+    def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> tuple[list[list[int]], list[int]]:
+        """(token ids of each (query, document) within `limit`, each row's full length where its document was cut
+        (0 elsewhere))."""
         if self.text == "pair":
             return pair_ids(tokenizer, queries, documents, limit)
         instructions = [p or self.instruction for p in (prompts or [None] * len(queries))]
@@ -318,20 +320,23 @@ class Template:
             [tail.format(query=q, instruction=i) for q, i in zip(queries, instructions, strict=True)],
             add_special_tokens=False,
         )["input_ids"]
-        out = []
+        out, cut_from = [], []
         for h, b, e in zip(heads, bodies, ends, strict=True):
             room = limit - len(h) - len(e)
             if room < 1:
                 raise CliError(f"a query and the template take {len(h) + len(e)} tokens, more than the {limit} allowed")
             out.append(h + b[:room] + e)
-        return out
+            cut_from.append(len(h) + len(b) + len(e) if len(b) > room else 0)
+        return out, cut_from
 
 
 def pair_ids(tokenizer, queries, documents, limit):
     full = tokenizer(list(queries), list(documents))["input_ids"]
-    if all(len(ids) <= limit for ids in full):
-        return full
-    return tokenizer(list(queries), list(documents), truncation="only_second", max_length=limit)["input_ids"]
+    cut_from = [len(ids) if len(ids) > limit else 0 for ids in full]
+    if not any(cut_from):
+        return full, cut_from
+    cut = tokenizer(list(queries), list(documents), truncation="only_second", max_length=limit)["input_ids"]
+    return cut, cut_from
 
 
 def tokenize_groups(batch, tokenizer, template: Template, limit: int):
@@ -340,7 +345,7 @@ def tokenize_groups(batch, tokenizer, template: Template, limit: int):
     queries = [q for q, docs in zip(batch["query"], batch["documents"], strict=True) for _ in docs]
     prompts = [p for p, docs in zip(batch["prompt"], batch["documents"], strict=True) for _ in docs]
     documents = [d for docs in batch["documents"] for d in docs]
-    flat = template.ids(tokenizer, queries, documents, limit, prompts)
+    flat, _ = template.ids(tokenizer, queries, documents, limit, prompts)
     out, start = {"input_ids": [], "length": [], "longest": []}, 0
     for docs in batch["documents"]:
         ids = flat[start : start + len(docs)]

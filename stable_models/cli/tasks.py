@@ -187,8 +187,9 @@ class Task:
     def scored_columns(self, spec, args) -> list[str]:
         raise NotImplementedError
 
-    def render(self, spec, tokenizer, args):
-        """A function from a batch of rows (a dict of columns) to a list of sides, each a list of token-id lists."""
+    def render(self, spec, tokenizer, args, cuts):
+        """A function from a batch of rows (a dict of columns) to a list of sides, each a list of token-id lists; the
+        rows it truncates go to `cuts` (`data.CutCount`), for the command's warning."""
         raise NotImplementedError
 
     def evaluation(self, args, model, table, spec, scores) -> dict:
