@@ -114,7 +114,7 @@ def scores_ours(folder: Path, rows) -> list[float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = stable_models.from_pretrained(folder).eval()
     template = Template(model.config.reranker_template, "")
-    ids = template.ids(tokenizer, [r["query"] for r in rows], [r["document"] for r in rows], limit=10**9)
+    ids, _ = template.ids(tokenizer, [r["query"] for r in rows], [r["document"] for r in rows], limit=10**9)
     with torch.no_grad():
         logits = logits_in_length_order(model, tokenizer, ids, batch_size=16)
     return logits.reshape(-1).tolist()
