@@ -1,0 +1,245 @@
+"""Classifiers: `stable-models train` beside the peers a user reaches for, on the README demo's job, each in a venv of
+its own, interleaved round by round:
+
+    ./dev demo --help >/dev/null            # the demo's venv (.venv: the cli extra)
+    .venv/bin/python benchmarks/peers.py    # makes .venv-peer-swift once (torch 2.13 CPU + ms-swift 4.6)
+
+The job: SmolLM2-135M-Instruct, 320 Rotten Tomatoes reviews to train on, 100 to evaluate on during training, 300 to
+test on (the demo's split); LoRA r 16 (alpha 32) on every linear layer of the decoder layers, 40 steps of 8, AdamW at
+lr 1e-3 with a 5 % linear warm-up, fp32, seed 0, one evaluation of the 100 at the end.
+
+The peers:
+- ms-swift 4.6, `swift sft --task_type seq_cls` (its own venv: it pins transformers < 5.20, peft < 0.21, trl < 1),
+  with the reviews as one user message each, as its docs lay out seq_cls data;
+- a plain transformers Trainer with peft, the steps of transformers' `run_classification.py` example (that script is
+  not on PyPI, and this machine reaches only the package registries, so its steps are written out below:
+  AutoModelForSequenceClassification, the eos token as pad token, DataCollatorWithPadding, Trainer) with LoRA added,
+  which the example lacks. It runs in .venv, without importing stable_models.
+
+Wall time is launch to the saved model (ours: the whole `train` command, with its pre-flight and its merge). Peak
+memory is the largest resident set of the run's processes (`/usr/bin/time`). Test accuracy comes afterwards, outside
+the timing, from each tool's own scoring: ours from `stable-models evaluate`, ms-swift's from `swift infer`, the
+Trainer script's from `score` below (its saved adapter on the base, the texts tokenized as it trained on them).
+
+Where a peer's defaults differ from the job, the job wins, so the runs train the same recipe: ms-swift is given
+`--gradient_checkpointing false` (its default is on), a linear schedule (cosine) and no weight decay (0.1), and, for
+this local folder, `--model_type llama --template chatml --template_backend jinja` (the model's own chat template).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SWIFT_VENV = ROOT / ".venv-peer-swift"
+SWIFT_SPECS = ["torch==2.13.0", "ms-swift==4.6.0"]
+STEPS, BATCH, LR, LORA_R, WARMUP = 40, 8, 1e-3, 16, 0.05
+LABELS = ["fresh", "rotten"]
+
+
+def train_with_trainer(args) -> None:
+    """The peer: a plain transformers + peft Trainer script (what run_classification.py does, plus LoRA)."""
+    import torch
+    from datasets import load_dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    label2id = {name: i for i, name in enumerate(LABELS)}
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model, num_labels=2, label2id=label2id, id2label=dict(enumerate(LABELS))
+    )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    lora = LoraConfig(task_type="SEQ_CLS", r=LORA_R, lora_alpha=2 * LORA_R, target_modules="all-linear")
+    model = get_peft_model(model, lora)
+    data = load_dataset("json", data_files={"train": str(args.train), "dev": str(args.dev)})
+    data = data.map(lambda b: {**tokenizer(b["text"], truncation=True), "labels": [label2id[x] for x in b["label"]]},
+                    batched=True, remove_columns=["text", "label"])  # fmt: skip
+    training = TrainingArguments(
+        str(args.output / "run"),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH,
+        learning_rate=LR,
+        warmup_steps=int(STEPS * WARMUP),
+        eval_strategy="steps",
+        eval_steps=STEPS,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        logging_steps=10,
+    )
+    trainer = Trainer(model, training, train_dataset=data["train"], eval_dataset=data["dev"],
+                      data_collator=DataCollatorWithPadding(tokenizer))  # fmt: skip
+    trainer.train()
+    model.save_pretrained(args.output / "adapter")
+    tokenizer.save_pretrained(args.output / "adapter")
+
+
+def score(args) -> None:
+    """Test accuracy of the Trainer peer's saved LoRA classifier: the base plus the adapter, as it was trained."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.adapter)
+    base = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
+    base.config.pad_token_id = tokenizer.pad_token_id
+    model = PeftModel.from_pretrained(base, args.adapter).eval()
+    rows = [json.loads(line) for line in args.data.open()]
+    correct = 0
+    for start in range(0, len(rows), 16):
+        batch = rows[start : start + 16]
+        inputs = tokenizer([r["text"] for r in batch], padding=True, return_tensors="pt")
+        with torch.no_grad():
+            predicted = model(**inputs).logits.argmax(-1).tolist()
+        correct += sum(LABELS[p] == r["label"] for p, r in zip(predicted, batch, strict=True))
+    print(json.dumps({"accuracy": correct / len(rows)}))
+
+
+def swift_accuracy(python: Path, checkpoint: Path, test: Path) -> float:
+    """ms-swift's own `swift infer` on the test reviews (it renders them as its training did)."""
+    result = checkpoint.parent / "test-predictions.jsonl"
+    command = [python.parent / "swift", "infer", "--adapters", checkpoint, "--val_dataset", test, "--result_path",
+               result, "--max_batch_size", 16, "--dataset_num_proc", 1]  # fmt: skip
+    subprocess.run([str(c) for c in command], check=True, capture_output=True)
+    rows = [json.loads(line) for line in result.open()]
+    return sum(r["response"] == r["labels"] for r in rows) / len(rows)
+
+
+def timed(command, env=None) -> tuple[float, float]:
+    """(wall seconds, peak resident GiB of the largest process) of a command; its output goes to a log."""
+    started = time.perf_counter()
+    result = subprocess.run(["/usr/bin/time", "-f", "PEAK_KB %M", *map(str, command)], capture_output=True, text=True,
+                            env=env)  # fmt: skip
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        sys.exit(f"{command[:4]} failed:\n" + (result.stdout + result.stderr)[-4000:])
+    peak = max(int(line.split()[1]) for line in result.stderr.splitlines() if line.startswith("PEAK_KB"))
+    return wall, peak / 2**20
+
+
+def ensure_swift() -> Path:
+    python = SWIFT_VENV / "bin" / "python"
+    if not (SWIFT_VENV / "bin" / "swift").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(SWIFT_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *SWIFT_SPECS], check=True)
+    return python
+
+
+def runs(model: Path, split: dict, work: Path, swift_python: Path) -> dict:
+    """Each peer's command and how its test accuracy is read afterwards."""
+    ours = work / "ours"
+    swift_data = work / "swift"
+    swift_data.mkdir(parents=True, exist_ok=True)
+    for name in ("train", "dev", "test"):
+        rows = [json.loads(line) for line in split[name].open()]
+        (swift_data / f"{name}.jsonl").write_text("".join(
+            json.dumps({"messages": [{"role": "user", "content": r["text"]}], "label": LABELS.index(r["label"])}) + "\n"
+            for r in rows
+        ))  # fmt: skip
+    swift_out = work / "swift-run"
+    shutil.rmtree(swift_out, ignore_errors=True)  # a fresh run each round (ms-swift resumes into a folder it finds)
+    common = ["--max-steps", STEPS, "--batch-size", BATCH, "--lr", LR, "--seed", 0]
+    return {
+        "stable-models train": (
+            [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"],
+             "--eval", split["dev"], "--output", ours, "--overwrite", *common],
+            lambda: evaluate_ours(ours, split["test"]),
+        ),
+        "transformers Trainer + peft": (
+            [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"],
+             "--output", work / "trainer"],
+            lambda: trainer_accuracy(model, work / "trainer" / "adapter", split["test"]),
+        ),
+        "ms-swift sft --task_type seq_cls": (
+            [swift_python.parent / "swift", "sft", "--model", model, "--model_type", "llama", "--template", "chatml",
+             "--template_backend", "jinja", "--task_type", "seq_cls", "--num_labels", 2, "--tuner_type", "lora",
+             "--lora_rank", LORA_R, "--lora_alpha", 2 * LORA_R, "--target_modules", "all-linear",
+             "--dataset", swift_data / "train.jsonl", "--val_dataset", swift_data / "dev.jsonl",
+             "--max_steps", STEPS, "--per_device_train_batch_size", BATCH, "--per_device_eval_batch_size", BATCH,
+             "--learning_rate", LR, "--warmup_ratio", WARMUP, "--lr_scheduler_type", "linear", "--weight_decay", 0,
+             "--gradient_checkpointing", "false", "--eval_steps", STEPS, "--save_steps", STEPS,
+             "--torch_dtype", "float32", "--seed", 0, "--output_dir", swift_out, "--add_version", "false",
+             "--report_to", "none", "--dataloader_num_workers", 0, "--dataset_num_proc", 1],
+            lambda: swift_accuracy(swift_python, swift_out / f"checkpoint-{STEPS}", swift_data / "test.jsonl"),
+        ),
+    }  # fmt: skip
+
+
+def evaluate_ours(model: Path, test: Path) -> float:
+    report = model / "eval-test"
+    command = [sys.executable, "-m", "stable_models", "evaluate", "--model", model, "--data", test]
+    subprocess.run([*map(str, command), "--report-dir", str(report)], check=True, capture_output=True)
+    return json.loads((report / "report.json").read_text())["accuracy"]
+
+
+def trainer_accuracy(model: Path, adapter: Path, test: Path) -> float:
+    command = [sys.executable, __file__, "score", "--model", model, "--adapter", adapter, "--data", test]
+    result = subprocess.run([str(c) for c in command], check=True, capture_output=True, text=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])["accuracy"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode")
+    trainer = sub.add_parser("trainer", help="(internal) the Trainer + peft peer")
+    for flag in ("--model", "--train", "--dev", "--output"):
+        trainer.add_argument(flag, type=Path, required=True)
+    scorer = sub.add_parser("score", help="(internal) test accuracy of a saved adapter")
+    for flag in ("--model", "--adapter", "--data"):
+        scorer.add_argument(flag, type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-peers")
+    args = parser.parse_args()
+    if args.mode == "trainer":
+        return train_with_trainer(args)
+    if args.mode == "score":
+        return score(args)
+    sys.path.insert(0, str(ROOT / "examples"))
+    from cli_demo import CACHE, write_splits
+
+    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "data"]
+    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)
+    train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
+    split = {"train": train, "dev": dev, "test": test}
+    model = CACHE / "models" / "smollm2-135m"
+    swift_python = ensure_swift()
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    results = {}
+    for round_ in range(args.rounds):
+        order = list(runs(model, split, args.work, swift_python).items())
+        for name, (command, accuracy) in order if round_ % 2 == 0 else order[::-1]:
+            wall, peak = timed(command, env)
+            entry = results.setdefault(name, {"wall": [], "peak": [], "accuracy": []})
+            entry["wall"].append(wall)
+            entry["peak"].append(peak)
+            entry["accuracy"].append(accuracy())
+            print(f"round {round_ + 1}: {name}: {wall:.1f} s, {peak:.2f} GiB, accuracy {entry['accuracy'][-1]:.3f}",
+                  flush=True)  # fmt: skip
+    ours = statistics.median(results["stable-models train"]["wall"])
+    print("\n| | wall (median) | peak memory | test accuracy | ours faster by |\n|---|---:|---:|---:|---:|")
+    for name, entry in results.items():
+        wall = statistics.median(entry["wall"])
+        print(f"| {name} | {wall:.1f} s | {max(entry['peak']):.2f} GiB | {statistics.mean(entry['accuracy']):.3f} | "
+              f"{wall / ours:.2f}x |")  # fmt: skip
+    (args.work / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
