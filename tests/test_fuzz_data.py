@@ -1,7 +1,7 @@
-"""A fuzzed data path: valid files of every format and task, randomly corrupted, read and checked as `train` reads
-them. Each run ends one of two ways: the data is accepted and every label name is a real one, or one `CliError` line
-naming the file. Never another exception (a traceback). The default run takes a sample; `-m exhaustive` searches
-more."""
+"""A fuzzed data path: valid files of every format and task, randomly corrupted (cells, dropped, renamed and duplicated
+columns, truncated files, bad bytes, empty files), read and checked as `train` reads them. Each run ends one of two
+ways: the data is accepted and every label name is a real one, or one `CliError` line naming the file. Never another
+exception (a traceback). The default run takes a sample; `-m exhaustive` searches more."""
 
 import gzip
 import hashlib
@@ -33,7 +33,7 @@ def valid_rows(task: str, count: int = 12) -> list[dict]:
                 "single": {"text": text, "label": ["neg", "pos"][i % 2]},
                 "multi": {"text": text, "label": [["a"], ["a", "b"], ["b"]][i % 3]},
                 "regression": {"text": text, "label": (i % 4) / 3},
-                "pairs": {"prompt": f"q{i}", "chosen": text + " yes", "rejected": text + " no"},
+                "pairs": {"prompt": f"q{i}", "chosen": text + " yes", "rejected": text + " no", "margin": i % 3},
                 "groups": {"query": f"q{i}", "pos": [text], "neg": [text + " no", "other"]},
             }[task]
         )
@@ -50,7 +50,10 @@ def corrupted_files(draw):
     rows = valid_rows(task)
     columns = list(rows[0])
     corruption = draw(
-        st.sampled_from(["cell", "cell", "cell", "drop column", "rename column", "truncate", "bad bytes", "empty"])
+        st.sampled_from(
+            ["cell", "cell", "cell", "drop column", "rename column", "duplicate column", "truncate"]
+            + ["bad bytes", "empty"]
+        )
     )
     if corruption == "cell":
         row, column = draw(st.integers(0, len(rows) - 1)), draw(st.sampled_from(columns))
@@ -62,6 +65,19 @@ def corrupted_files(draw):
         old = draw(st.sampled_from(columns))
         rows = [{(k + "_x" if k == old else k): v for k, v in r.items()} for r in rows]
     data = encode(rows, fmt)
+    if corruption == "duplicate column" and fmt in (".csv", ".tsv", ".jsonl", ".jsonl.gz"):
+        # a second column of the same name: a header naming one twice, or every JSON object holding a key twice
+        twice, other = draw(st.sampled_from(columns)), draw(st.sampled_from(columns))
+        if fmt in (".csv", ".tsv"):
+            header, rest = data.split(b"\n", 1)
+            names = header.decode().split("\t" if fmt == ".tsv" else ",")
+            names[columns.index(other)] = twice
+            data = ("\t" if fmt == ".tsv" else ",").join(names).encode() + b"\n" + rest
+        else:
+            data = b"".join(
+                line.replace(b"{", b'{"' + twice.encode() + b'": ' + json.dumps(r[other]).encode() + b", ", 1) + b"\n"
+                for line, r in zip(data.splitlines(), rows, strict=True)
+            )
     if corruption == "truncate" and data:
         data = data[: draw(st.integers(0, len(data) - 1))]
     elif corruption == "bad bytes" and fmt != ".parquet":
