@@ -12,6 +12,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli import base  # noqa: F401  (the module's tiny Qwen2 checkpoint)
 
 from stable_models import cli
 from stable_models.cli.commands import read_training_data
@@ -132,3 +133,35 @@ def fuzz(examples):
 
 test_a_corrupted_file_is_accepted_or_one_line = fuzz(40)
 test_a_corrupted_file_is_accepted_or_one_line_searched = pytest.mark.exhaustive(fuzz(400))
+
+
+def train_on(base, tmp_path, capfd, case):  # noqa: F811  (the fixture)
+    """The whole `train` command on a corrupted file: exit 0 and a model whose label names are real, or exit 2, one
+    stderr line naming the file and nothing written. Any other end (an exception, a traceback) fails."""
+    task, fmt, corruption, data = case
+    path = tmp_path / f"{hashlib.sha256(data).hexdigest()[:16]}-{task}{fmt}"
+    path.write_bytes(data)
+    output = tmp_path / f"out-{path.stem}"
+    capfd.readouterr()
+    fast = ["--max-steps", "1", "--batch-size", "4", "--early-stopping", "0", "--eval-fraction", "0.25"]
+    code = cli.main(["train", "--model", str(base), "--train", str(path), "--output", str(output), *fast])
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("stable-models: error")]
+    if code == 2:
+        assert len(err) == 1 and str(path) in err[0] and not output.exists(), (case[:3], err)
+        return
+    assert code == 0 and not err, (case[:3], code, err)
+    config = json.loads((output / "config.json").read_text())
+    assert all(str(name).strip() for name in config["id2label"].values()), (case[:3], config["id2label"])
+
+
+def fuzz_train(examples):
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=corrupted_files())
+    def run(base, tmp_path, capfd, case):  # noqa: F811
+        train_on(base, tmp_path, capfd, case)
+
+    return run
+
+
+test_train_on_a_corrupted_file_saves_a_model_or_stops_with_one_line = fuzz_train(2)
+test_train_on_a_corrupted_file_saves_a_model_or_stops_with_one_line_searched = pytest.mark.exhaustive(fuzz_train(8))
