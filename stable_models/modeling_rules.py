@@ -113,15 +113,11 @@ def decoder_classifier(model_type: str) -> type:
     classified with the contract."""
     transformers = importlib.import_module("transformers")
     auto = importlib.import_module("transformers.models.auto.modeling_auto")
-    if model_type in PADDING_REACHES_REAL_TOKENS:  # measured, whatever class transformers gives it (Zamba's became
-        # a GenericForSequenceClassification in transformers 5.25)
-        raise ValueError(
-            f"model_type={model_type!r} cannot be classified with stable_models' guarantees: "
-            f"{PADDING_REACHES_REAL_TOKENS[model_type]}."
-        )
+    # measured, so it holds whatever class transformers gives the type (Zamba's became Generic in transformers 5.25)
+    refusal = PADDING_REACHES_REAL_TOKENS.get(model_type)
     name = auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
     stock = getattr(transformers, name, None) if isinstance(name, str) else None
-    if stock is not None and issubclass(stock, GenericForSequenceClassification):
+    if not refusal and stock is not None and issubclass(stock, GenericForSequenceClassification):
         return stock
     causal_name = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     causal = getattr(transformers, causal_name, None) if isinstance(causal_name, str) else None
@@ -130,7 +126,7 @@ def decoder_classifier(model_type: str) -> type:
             f"model_type={model_type!r} cannot be classified: transformers {transformers.__version__} has neither a "
             "sequence classifier nor a causal LM for it."
         )
-    refusal = why_not_a_decoder(model_type, stock or causal, stock)
+    refusal = refusal or why_not_a_decoder(model_type, stock or causal, stock)
     if refusal:
         raise ValueError(f"model_type={model_type!r} cannot be classified with stable_models' guarantees: {refusal}.")
     return stock or built_classifier(model_type, causal)

@@ -407,11 +407,16 @@ class CutCount:
             return
         rows = sum(r for r, _, _ in counts)
         longest, limit = max(n for _, n, _ in counts), max(n for _, _, n in counts)
-        print(
-            f"[{command}] warning: {path}: {rows} row(s) longer than {limit} tokens were cut to {limit} (the "
-            f"longest: {longest:,} tokens), the model's limit from training; their scores read only what fits",
-            file=sys.stderr,
-        )
+        advice = "the model's limit from training; their scores read only what fits"
+        print(cut_warning(command, path, rows, longest, limit, advice), file=sys.stderr)
+
+
+def cut_warning(command: str, path, rows: int, longest: int, limit: int, advice: str) -> str:
+    """The one wording of every command's warning about the rows truncation cut."""
+    return (
+        f"[{command}] warning: {path}: {rows} row(s) longer than {limit} tokens were cut to {limit} (the longest: "
+        f"{longest:,} tokens); {advice}"
+    )
 
 
 def cut_rows(table, path, flag_limit: int) -> str | None:
@@ -425,10 +430,8 @@ def cut_rows(table, path, flag_limit: int) -> str | None:
         longest = max(longest, pc.max(column).as_py() or 0)
     if not count:
         return None
-    return (
-        f"[train] warning: {path}: {count} row(s) longer than {flag_limit} tokens were cut to {flag_limit} (the "
-        f"longest: {longest:,} tokens); --max-length chooses the length, up to the model's positions"
-    )
+    advice = "--max-length chooses the length, up to the model's positions"
+    return cut_warning("train", path, count, longest, flag_limit, advice)
 
 
 def workers(rows: int) -> int | None:
