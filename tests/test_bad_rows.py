@@ -96,6 +96,25 @@ def test_the_encoding_named_in_the_error_reads_the_file(base, tmp_path, capfd): 
     assert read_table(latin, "latin-1")["text"] == ["un film très réussi", "ennuyeux à mourir"]
 
 
+def test_verbose_shows_what_failed_underneath_above_the_one_line(base, tmp_path, capfd):  # noqa: F811
+    """--verbose brings back what the one line replaced: the reader's own traceback (datasets wrapping pandas'
+    UnicodeDecodeError for a Latin-1 CSV) above the same one line. A refusal of our own (an infinite label) has
+    nothing underneath: still the one line. Without --verbose, the line alone (the test above)."""
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("text,label\nun film très réussi,pos\nennuyeux à mourir,neg\n".encode("latin-1"))
+    output = tmp_path / "out"
+    assert run("train", "--model", base, "--train", latin, "--output", output, "--verbose") == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert err[0] == "Traceback (most recent call last):", err[:3]
+    assert any(line.startswith("UnicodeDecodeError: 'utf-8' codec can't decode") for line in err), err
+    assert err[-1].startswith(f"stable-models: error: {latin}: not UTF-8 text: line 2 (byte"), err[-1]
+    infinite = write(tmp_path / "infinite.jsonl", labelled(float("inf"), good=lambda i: float(i % 5)))
+    assert run("train", "--model", base, "--train", infinite, "--output", output, "--verbose") == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"stable-models: error: {infinite}: label 'label' not finite"), err
+    assert not output.exists()
+
+
 def test_train_counts_the_rows_it_cuts(base, tmp_path, capfd):  # noqa: F811
     """A text longer than the length used is cut, and train says how many, the longest and the length (it cut in
     silence before); the kept tokens are the tokenizer's own truncation."""

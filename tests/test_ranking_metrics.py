@@ -23,6 +23,7 @@ def test_a_small_case_by_hand():
 
 def test_equals_ir_measures_on_random_groups():
     import ir_measures  # a test dependency (pyproject's test extra)
+
     rng = random.Random(0)
     sizes, scores, relevance, qrels, run = [], [], [], [], []
     for query in range(60):

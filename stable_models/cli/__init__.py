@@ -62,6 +62,7 @@ def main(argv=None) -> int:
         from .doctor import run
 
         return run(parser, args)
+    args = None
     try:
         args = parse(argv)
         if args.command == "verify":
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
         with environment_restored():
             return getattr(commands, args.command)(args)
     except CliError as error:
-        report(error)  # once per job, not once per process
+        report(error, verbose=getattr(args, "verbose", False))  # once per job, not once per process
         leave_process_group()
         return 2
 

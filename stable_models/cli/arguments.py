@@ -34,6 +34,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 ENCODING_HELP = "the text files' encoding, e.g. latin-1 or cp1252 (default: UTF-8)"
+VERBOSE_HELP = "on an error, print the traceback of what failed underneath (datasets, pyarrow, transformers) above it"
 GROUP_KEY_HELP = (
     "reward models: rank each response within the rows sharing this column (best-of-n); rerankers: rank each "
     "document within its query's rows (default: query)"
@@ -96,6 +97,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--gguf-file", help="a GGUF file inside --model to load the weights from")
     t.add_argument("--train", help="CSV, TSV, JSON lines, JSON, Parquet, or a datasets.save_to_disk folder")
     t.add_argument("--encoding", help=ENCODING_HELP)
+    t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     t.add_argument("--eval", help="an eval file in the same formats (default: --eval-fraction of --train)")
     t.add_argument("--eval-fraction", type=float, default=0.1, help="held out of --train when no --eval is given")
     data_keys(t)
@@ -178,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--model", help="a classifier folder (from train)")
     e.add_argument("--data", help="labelled data, same formats as train")
     e.add_argument("--encoding", help=ENCODING_HELP)
+    e.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     data_keys(e)
     e.add_argument("--label-key", default="label", help="the label column (rerankers: the relevance of pointwise rows)")
     e.add_argument("--group-key", help="rerankers: group pointwise rows by this column (default: query)")
@@ -190,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="a classifier folder (from train)")
     p.add_argument("--data", help="texts to score, same formats as train")
     p.add_argument("--encoding", help=ENCODING_HELP)
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     data_keys(p)
     p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
