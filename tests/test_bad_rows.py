@@ -6,7 +6,7 @@ nothing written."""
 import json
 
 import pytest
-from test_cli import base, rows, run, write  # noqa: F401  (base: the module's tiny Qwen2 checkpoint)
+from test_cli import base, rows, run, trained, write  # noqa: F401  (base: the module's tiny Qwen2 checkpoint)
 
 pytest.importorskip("datasets")
 
@@ -83,6 +83,23 @@ def test_each_bad_row_is_one_line_before_any_model_is_loaded(base, tmp_path, cap
         assert len(err) == 1 and err[0].startswith(f"stable-models: error: {data}: "), (name, err[-5:])
         assert words in err[0], (name, err[0])
         assert not output.exists(), name
+
+
+def test_evaluate_and_predict_files_get_the_same_lines(trained, tmp_path, capfd):  # noqa: F811
+    """The rules hold for the files evaluate and predict read: the same one line, exit 2, no report or output."""
+    model = trained[0]
+    by_name = {name: (data, words) for name, data, words in cases(tmp_path)}
+    report, output = tmp_path / "report", tmp_path / "p.jsonl"
+    runs = [("evaluate", name, ["--report-dir", report]) for name in ("empty label", "blank label")]
+    runs += [(command, name, extra) for name in ("broken JSON line", "Latin-1 CSV")
+             for command, extra in (("evaluate", ["--report-dir", report]), ("predict", ["--output", output]))]  # fmt: skip
+    for command, name, extra in runs:
+        data, words = by_name[name]
+        assert run(command, "--model", model, "--data", data, *extra) == 2, (command, name)
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"stable-models: error: {data}: "), (command, name, err[-5:])
+        assert words in err[0], (command, name, err[0])
+        assert not report.exists() and not output.exists(), (command, name)
 
 
 def test_the_encoding_named_in_the_error_reads_the_file(base, tmp_path, capfd):  # noqa: F811

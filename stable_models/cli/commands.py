@@ -84,20 +84,26 @@ def classifier_config(model: str):
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
 
 
-def load_classifier(model: str, device=None):
-    """A classifier folder in fp32, eval mode, on `device` (default: the CPU), with its tokenizer."""
-    from ..registry import from_pretrained
+def classifier_tokenizer(model: str):
+    """A classifier folder's config (checked) and tokenizer, without its weights: enough to read, check and render
+    the data, so a bad row stops evaluate and predict before the weights load."""
     from ..tokenization import setup_pad_token
 
-    classifier_config(model)
+    config, tokenizer = classifier_config(model), load_tokenizer(model)
+    if tokenizer.pad_token_id is None:
+        setup_pad_token(tokenizer)
+    return config, tokenizer
+
+
+def load_classifier(model: str, device=None):
+    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU)."""
+    from ..registry import from_pretrained
+
     try:
         classifier = from_pretrained(model, dtype=torch.float32)
     except (OSError, ValueError, TypeError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-    tokenizer = load_tokenizer(model)
-    if tokenizer.pad_token_id is None:
-        setup_pad_token(tokenizer)
-    return classifier.to(device or "cpu").eval(), tokenizer
+    return classifier.to(device or "cpu").eval()
 
 
 def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
@@ -300,12 +306,13 @@ def evaluate(args) -> int:
     """The task's report on labelled data: every rank scores its shard, rank 0 gathers, reports and (--calibrate)
     saves the calibrated model in place."""
     job = Job()
-    model, tokenizer = load_classifier(args.model, job.device)
-    task = for_model(model.config)
-    task.check_options(args, model.config, "evaluate")
+    config, tokenizer = classifier_tokenizer(args.model)
+    task = for_model(config)
+    task.check_options(args, config, "evaluate")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
-    spec = job.on_main(lambda: task.scoring_input(args, table, model.config, tokenizer, "evaluate", job.say))
+    spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "evaluate", job.say))
     table = job.main_first(lambda: task.scored_table(args, table, spec))
+    model = load_classifier(args.model, job.device)
     cuts = CutCount()
     batches = scored_batches(
         job,
@@ -337,11 +344,7 @@ def predict(args) -> int:
     job.on_main(check_output)
     if args.engine == "vllm" and job.world > 1:
         raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
-    if args.engine == "vllm":
-        config, tokenizer = classifier_config(args.model), load_tokenizer(args.model)
-    else:
-        model, tokenizer = load_classifier(args.model, job.device)
-        config = model.config
+    config, tokenizer = classifier_tokenizer(args.model)
     task = for_model(config)
     task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
@@ -362,7 +365,7 @@ def predict(args) -> int:
             )
         )
     else:
-        engine = torch_engine(model, tokenizer, args.batch_size)
+        engine = torch_engine(load_classifier(args.model, job.device), tokenizer, args.batch_size)
     job.barrier()
     columns = task.prediction_columns(spec, config, args)
     writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args), args.top_k)
