@@ -91,8 +91,8 @@ def test_evaluate_and_predict_files_get_the_same_lines(trained, tmp_path, capfd)
     by_name = {name: (data, words) for name, data, words in cases(tmp_path)}
     report, output = tmp_path / "report", tmp_path / "p.jsonl"
     runs = [("evaluate", name, ["--report-dir", report]) for name in ("empty label", "blank label")]
-    runs += [(command, name, extra) for name in ("broken JSON line", "Latin-1 CSV")
-             for command, extra in (("evaluate", ["--report-dir", report]), ("predict", ["--output", output]))]  # fmt: skip
+    both = (("evaluate", ["--report-dir", report]), ("predict", ["--output", output]))
+    runs += [(command, name, extra) for name in ("broken JSON line", "Latin-1 CSV") for command, extra in both]
     for command, name, extra in runs:
         data, words = by_name[name]
         assert run(command, "--model", model, "--data", data, *extra) == 2, (command, name)
