@@ -205,6 +205,7 @@ def main() -> None:
     for flag in ("--model", "--adapter", "--data"):
         scorer.add_argument(flag, type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", nargs="+", help="run only the runs whose names hold one of these words (ours always)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-peers")
     args = parser.parse_args()
     if args.mode == "trainer":
@@ -219,11 +220,12 @@ def main() -> None:
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     split = {"train": train, "dev": dev, "test": test}
     model = CACHE / "models" / "smollm2-135m"
-    swift_python = ensure_swift()
+    wanted = lambda name: not args.only or name == "stable-models train" or any(w in name for w in args.only)  # noqa: E731
+    swift_python = ensure_swift() if wanted("ms-swift") else SWIFT_VENV / "bin" / "python"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     for round_ in range(args.rounds):
-        order = list(runs(model, split, args.work, swift_python).items())
+        order = [(name, run) for name, run in runs(model, split, args.work, swift_python).items() if wanted(name)]
         for name, (command, accuracy) in order if round_ % 2 == 0 else order[::-1]:
             wall, peak = timed(command, env)
             entry = results.setdefault(name, {"wall": [], "peak": [], "accuracy": []})
