@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="stable-models", description=DESCRIPTION, formatter_class=HelpFormatter)
     commands = top.add_subparsers(dest="command", metavar="{train,evaluate,predict,verify,doctor}")
 
+    def reading(sub):
+        sub.add_argument("--encoding", help=ENCODING_HELP)
+        sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
     def data_keys(sub):
         sub.add_argument("--text-key", default="text", help="the column with the text")
         sub.add_argument("--text-pair-key", help="the column with the second text (rerankers, pair classification)")
@@ -96,8 +100,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--model", help="a causal LM or classifier folder (or its folder, with --gguf-file)")
     t.add_argument("--gguf-file", help="a GGUF file inside --model to load the weights from")
     t.add_argument("--train", help="CSV, TSV, JSON lines, JSON, Parquet, or a datasets.save_to_disk folder")
-    t.add_argument("--encoding", help=ENCODING_HELP)
-    t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    reading(t)
     t.add_argument("--eval", help="an eval file in the same formats (default: --eval-fraction of --train)")
     t.add_argument("--eval-fraction", type=float, default=0.1, help="held out of --train when no --eval is given")
     data_keys(t)
@@ -179,8 +182,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--config", help="a YAML or JSON file with any of these options")
     e.add_argument("--model", help="a classifier folder (from train)")
     e.add_argument("--data", help="labelled data, same formats as train")
-    e.add_argument("--encoding", help=ENCODING_HELP)
-    e.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    reading(e)
     data_keys(e)
     e.add_argument("--label-key", default="label", help="the label column (rerankers: the relevance of pointwise rows)")
     e.add_argument("--group-key", help="rerankers: group pointwise rows by this column (default: query)")
@@ -192,8 +194,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a YAML or JSON file with any of these options")
     p.add_argument("--model", help="a classifier folder (from train)")
     p.add_argument("--data", help="texts to score, same formats as train")
-    p.add_argument("--encoding", help=ENCODING_HELP)
-    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    reading(p)
     data_keys(p)
     p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")

@@ -84,7 +84,7 @@ def classifier_config(model: str):
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
 
 
-def classifier_tokenizer(model: str):
+def classifier_config_and_tokenizer(model: str):
     """A classifier folder's config (checked) and tokenizer, without its weights: enough to read, check and render
     the data, so a bad row stops evaluate and predict before the weights load."""
     from ..tokenization import setup_pad_token
@@ -306,7 +306,7 @@ def evaluate(args) -> int:
     """The task's report on labelled data: every rank scores its shard, rank 0 gathers, reports and (--calibrate)
     saves the calibrated model in place."""
     job = Job()
-    config, tokenizer = classifier_tokenizer(args.model)
+    config, tokenizer = classifier_config_and_tokenizer(args.model)
     task = for_model(config)
     task.check_options(args, config, "evaluate")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
@@ -344,7 +344,7 @@ def predict(args) -> int:
     job.on_main(check_output)
     if args.engine == "vllm" and job.world > 1:
         raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
-    config, tokenizer = classifier_tokenizer(args.model)
+    config, tokenizer = classifier_config_and_tokenizer(args.model)
     task = for_model(config)
     task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
