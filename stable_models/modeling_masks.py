@@ -16,6 +16,23 @@ def position_ids_from_mask(padding_mask: torch.Tensor, query_length: int) -> tor
     return positions.clamp(min=0)[:, -query_length:]
 
 
+def shared_prefix_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 4D float mask (0 = attend) of packed rows whose examples share prefixes: position ids 0..P-1 for the prefix,
+    then P, P+1, ... again for every example that continues it (`stable_models.PackedGroupCollator`).
+
+    Token j sees token i <= j when every position after i up to j is above position i's: an example sees its prefix
+    and itself, never a sibling (the sibling's first position is not above the sibling's own tokens) nor the next
+    group (which restarts at 0). Where every example starts at 0 this is the block-diagonal mask of plain packing.
+    """
+    length = position_ids.shape[-1]
+    later = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).triu(1)  # [i, k]: k > i
+    stops = (position_ids[:, None, :] <= position_ids[:, :, None]) & later  # [b, i, k]: k ends what i is seen by
+    ends = torch.where(stops.any(-1), stops.int().argmax(-1), length)  # [b, i]: first such k
+    keys = torch.arange(length, device=position_ids.device)
+    seen = (keys[None, None, :] <= keys[None, :, None]) & (keys[None, :, None] < ends[:, None, :])  # [b, query, key]
+    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill(~seen, torch.finfo(dtype).min)[:, None]
+
+
 def with_self_attention(mask: torch.Tensor, past_length: int = 0) -> torch.Tensor:
     """Let every query attend to its own position in a 4D mask (bool: True = attend; float: 0 = attend).
 

@@ -32,12 +32,16 @@ def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling
 
 @torch.compiler.disable  # data-dependent: under torch.compile it runs eagerly (a graph break), never frozen
 def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | None):
-    """For a packed batch (position ids restart at 0 for each example inside a row; rows may end in padding):
-    (example index of every token, -1 on padding; position ids in which each row's padding restarts at 0, so that
-    it forms a block of its own). None when no row holds more than one example."""
+    """For a packed batch (a new example starts wherever the position does not rise: at 0 for an example of its own,
+    or back at the end of a prefix it shares with the example before, `stable_models.PackedGroupCollator`; rows may
+    end in padding): (example index of every token, -1 on padding; position ids in which each row's padding restarts
+    at 0, so that it forms a block of its own; whether some example continues a shared prefix). None when no row holds
+    more than one example."""
     real = torch.ones_like(position_ids, dtype=torch.bool) if padding_mask is None else padding_mask
-    starts = (position_ids == 0) & real
+    previous = torch.cat([position_ids[:, :1], position_ids[:, :-1]], dim=1)
+    starts = (position_ids <= previous) & real
     first_real = real & (real.long().cumsum(-1) == 1)
+    starts = starts | first_real
     if not (starts & ~first_real).any():
         return None
     if padding_mask is not None and (padding_mask[:, 1:] & ~padding_mask[:, :-1]).any():
@@ -45,11 +49,12 @@ def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | Non
             "packed batch: padding must come at the end of a row (attention_mask 1...1 0...0), as "
             "stable_models.PackedCollator builds it."
         )
-    if not starts[:, 0].all():
+    if not (position_ids[:, 0] == 0).all():
         raise ValueError("packed batch: every row must start a new example (position_ids[:, 0] == 0).")
     example_ids = torch.where(real.flatten(), starts.flatten().cumsum(0) - 1, -1)
     pad_positions = (~real).long().cumsum(-1) - 1
-    return example_ids, torch.where(real, position_ids, pad_positions)
+    shares_prefixes = bool((starts & (position_ids > 0)).any())
+    return example_ids, torch.where(real, position_ids, pad_positions), shares_prefixes
 
 
 @torch.compiler.disable  # a data-dependent check

@@ -70,6 +70,32 @@ def recurrent_layer_kinds(config) -> list[str]:
     return sorted({kind for kind in kinds if kind in RECURRENT_LAYER_KINDS})
 
 
+LOCAL_WINDOWS = ("sliding_window", "attention_chunk_size")  # config fields of local attention without layer_types
+
+
+def shared_prefix_obstacle(model) -> str | None:
+    """Why this model cannot take packed rows whose examples share a prefix (None: it can). They need the one custom
+    4D mask every layer then gets as it is, so only full attention layers, with a kernel that takes such a mask."""
+    if model.config.classifier_pooling != "last":
+        return "shared prefixes need last-token pooling (the prefix would count in the first example's mean)"
+    kernel = model.config._attn_implementation
+    if kernel not in ("eager", "sdpa"):
+        return (
+            f"the {kernel} attention kernel takes no custom 4D mask (load with attn_implementation='sdpa' or 'eager')"
+        )
+    text = model.config.get_text_config()
+    kinds = set(getattr(text, "layer_types", None) or getattr(text, "attention_layers", None) or [])
+    windows = [name for name in LOCAL_WINDOWS if getattr(text, name, None) is not None]
+    if kinds - {"full_attention", "global"} or windows:
+        kinds = "/".join(sorted(kinds - {"full_attention", "global"}) or windows)
+        return (
+            f"its attention kinds ({kinds}) need masks of their own, and shared prefixes give every layer one 4D mask"
+        )
+    if "position_ids" not in inspect.signature(model.base_model.forward).parameters:
+        return "its positions come from each token's place in the row (ALiBi), not from position ids"
+    return None
+
+
 def warn_if_batch_coupled(model) -> None:
     """Say loudly where padding invariance (contract point 2) cannot hold, instead of claiming it."""
     flag, why = BATCH_COUPLED.get(model.config.model_type, (None, None))

@@ -32,7 +32,7 @@ from .modeling_files import (
     write_pooling_files,
 )
 from .modeling_loss import Fp32Linear, checked_loss_options, sequence_classification_loss
-from .modeling_masks import LayerMaskGuard, position_ids_from_mask
+from .modeling_masks import LayerMaskGuard, position_ids_from_mask, shared_prefix_mask
 from .modeling_pooling import DEFAULT_POOLING, POOLING_MODES, in_feature_order, packed_examples, pool, pool_packed
 from .modeling_precision import LOW_PRECISION_ADVICE, initialize_gathered, low_precision_trainables
 from .modeling_rules import (
@@ -40,6 +40,7 @@ from .modeling_rules import (
     decoder_classifier,
     model_type_of,
     recurrent_layer_kinds,
+    shared_prefix_obstacle,
     transformers_version,
     warn_if_batch_coupled,
     warn_if_not_yet_tested,
@@ -249,8 +250,17 @@ class StableSequenceClassificationMixin:
                         "for this model type "
                         f"({need[1]}). Upgrade transformers, or pad instead of packing (DataCollatorWithPadding)."
                     )
-                example_ids, position_ids = packed
+                example_ids, position_ids, shares_prefixes = packed
                 attention_mask = padding_mask = None
+                if shares_prefixes:  # examples continue a prefix they share: the backbone gets the tree mask
+                    if why := shared_prefix_obstacle(self):
+                        raise ValueError(
+                            f"{type(self).__name__}: this packed batch shares prefixes between examples (position ids "
+                            f"continue from a shared prefix), but {why}. Pack without shared prefixes "
+                            "(PackedGroupCollator(share_prefixes=False))."
+                        )
+                    dtype = self.get_input_embeddings().weight.dtype
+                    attention_mask = shared_prefix_mask(position_ids, dtype)
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
         backbone_mask = attention_mask  # the backbone builds the masks each layer needs; the guard fixes them

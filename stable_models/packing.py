@@ -84,14 +84,16 @@ class PackedCollator:
         self.pad_token_id = pad_token_id
 
     def __call__(self, features: list[dict]) -> dict:
-        ids = [torch.as_tensor(f["input_ids"], dtype=torch.long).flatten() for f in features]
-        empty = [i for i, t in enumerate(ids) if len(t) == 0]
-        if empty:
-            raise ValueError(f"PackedCollator: examples {empty[:10]} have no tokens; drop empty texts before training.")
-        lengths = [len(t) for t in ids]
+        ids = token_ids(features)
+        return self.rows_of([(t, torch.arange(len(t)), [i]) for i, t in enumerate(ids)], features)
+
+    def rows_of(self, units: list[tuple], features: list[dict]) -> dict:
+        """The batch from units laid end to end in rows: (token ids, position ids, the features whose examples the
+        unit holds, in order); a unit is one example, or a shared prefix and the examples continuing it."""
+        lengths = [len(unit[0]) for unit in units]
         capacity = {None: sum(lengths), "longest": max(lengths)}.get(self.max_tokens, self.max_tokens)
         if sum(lengths) <= capacity:  # one row, in the order given
-            rows = [list(range(len(ids)))]
+            rows = [list(range(len(units)))]
         elif self.max_tokens == "longest":
             rows = rows_near_the_longest(lengths)
         else:
@@ -100,19 +102,27 @@ class PackedCollator:
         input_ids, positions, mask = [], [], []
         for row in rows:
             used = sum(lengths[i] for i in row)
-            input_ids.append(F.pad(torch.cat([ids[i] for i in row]), (0, width - used), value=self.pad_token_id))
-            positions.append(F.pad(torch.cat([torch.arange(lengths[i]) for i in row]), (0, width - used)))
+            input_ids.append(F.pad(torch.cat([units[i][0] for i in row]), (0, width - used), value=self.pad_token_id))
+            positions.append(F.pad(torch.cat([units[i][1] for i in row]), (0, width - used)))
             mask.append(torch.arange(width) < used)
         batch = {"input_ids": torch.stack(input_ids), "position_ids": torch.stack(positions)}
         if not all(m.all() for m in mask):
             batch["attention_mask"] = torch.stack(mask).long()
-        order = [i for row in rows for i in row]
-        if order != list(range(len(ids))):
+        order = [example for row in rows for i in row for example in units[i][2]]
+        if order != list(range(len(features))):
             batch["packed_example_index"] = torch.tensor(order)
         key = "labels" if "labels" in features[0] else "label" if "label" in features[0] else None
         if key is not None:
             batch["labels"] = torch.stack([torch.as_tensor(f[key]) for f in features])
         return batch
+
+
+def token_ids(features: list[dict]) -> list[torch.Tensor]:
+    ids = [torch.as_tensor(f["input_ids"], dtype=torch.long).flatten() for f in features]
+    empty = [i for i, t in enumerate(ids) if len(t) == 0]
+    if empty:
+        raise ValueError(f"PackedCollator: examples {empty[:10]} have no tokens; drop empty texts before training.")
+    return ids
 
 
 class PackedPairCollator(PackedCollator):
@@ -142,11 +152,59 @@ class PackedGroupCollator(PackedCollator):
     """Padding-free reranking: features are query groups, each with `input_ids` (one token-id list per document) and
     `relevance` (one per document), optionally `teacher` scores. Every document of the batch goes into packed rows
     (a group is never split across batches), with `labels` = the relevances in feature order, `group_sizes` and
-    `teacher` for `stable_models.ranking_loss` (`RankingTrainer` passes them on)."""
+    `teacher` for `stable_models.ranking_loss` (`RankingTrainer` passes them on).
+
+    `share_prefixes=True` computes the tokens a group's documents start with (the template's head and the query) once
+    per group: the prefix, then each document's own tokens with positions continuing the prefix's, up to
+    `prefix_unit_tokens` tokens a unit (a larger group repeats the prefix). The Stable forward then gives every
+    document the logits it has alone (last-token pooling, full attention with an eager or sdpa kernel; other models
+    refuse such batches, see `stable_models.modeling_rules.shared_prefix_obstacle`).
+    """
+
+    def __init__(
+        self, max_tokens=DEFAULT_MAX_TOKENS, pad_token_id: int = 0, share_prefixes=False, prefix_unit_tokens=1024
+    ):
+        super().__init__(max_tokens, pad_token_id)
+        self.share_prefixes = share_prefixes
+        self.prefix_unit_tokens = prefix_unit_tokens
 
     def __call__(self, features: list[dict]) -> dict:
-        batch = super().__call__(group_documents(features))
-        return with_group_columns(batch, features)
+        documents = group_documents(features)
+        if not self.share_prefixes:
+            return with_group_columns(super().__call__(documents), features)
+        ids, units, first = token_ids(documents), [], 0
+        for feature in features:
+            count = len(feature["input_ids"])
+            units += shared_prefix_units(ids[first : first + count], first, self.prefix_unit_tokens)
+            first += count
+        return with_group_columns(self.rows_of(units, documents), features)
+
+
+def shared_prefix_units(ids: list[torch.Tensor], first: int, unit_tokens: int) -> list[tuple]:
+    """One group's documents (feature indices from `first`) as units of their common first tokens followed by each
+    document's own tokens (at least one each, so that each ends on its own last token)."""
+    shortest = min(len(t) for t in ids)
+    prefix = shortest - 1
+    for t in ids[1:]:
+        differs = (t[:prefix] != ids[0][:prefix]).nonzero()
+        prefix = int(differs[0]) if len(differs) else prefix
+    if len(ids) == 1 or prefix == 0:
+        return [(t, torch.arange(len(t)), [first + i]) for i, t in enumerate(ids)]
+    capacity = max(unit_tokens, max(len(t) for t in ids))
+    units, tokens, positions, members = [], [], [], []
+    for i, t in enumerate(ids):
+        if members and prefix + sum(len(own) for own in tokens) + len(t) - prefix > capacity:
+            units.append(prefix_unit(ids[0][:prefix], tokens, positions, members))
+            tokens, positions, members = [], [], []
+        tokens.append(t[prefix:])
+        positions.append(torch.arange(prefix, len(t)))
+        members.append(first + i)
+    units.append(prefix_unit(ids[0][:prefix], tokens, positions, members))
+    return units
+
+
+def prefix_unit(prefix, tokens, positions, members) -> tuple:
+    return torch.cat([prefix, *tokens]), torch.cat([torch.arange(len(prefix)), *positions]), members
 
 
 class PaddedGroupCollator:

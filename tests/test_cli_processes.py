@@ -252,7 +252,7 @@ def test_a_reranker_trains_evaluates_and_predicts_on_two_processes_like_one(tmp_
     one-process run."""
     from test_ranking_cli import groups, layout_rows
 
-    base = save_checkpoint(tmp_path / "base", "qwen2", qwen2_like())
+    base = save_checkpoint(tmp_path / "base", "qwen2", qwen2_like(), use_sliding_window=False)  # shares prefixes
     data = write(tmp_path / "train.jsonl", layout_rows("flag", groups(16)))
     held_out = write(tmp_path / "eval.jsonl", layout_rows("flag", groups(21)[16:]))
     common = ["train", "--model", base, "--train", data, "--eval", held_out, *STEPS]

@@ -72,7 +72,8 @@ class Args:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    return save_checkpoint(tmp_path_factory.mktemp("base"), "qwen2", qwen2_like())
+    """Full attention on every layer, as the rerankers users start from (Qwen3-Reranker): packed groups share prefixes."""
+    return save_checkpoint(tmp_path_factory.mktemp("base"), "qwen2", qwen2_like(), use_sliding_window=False)
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +180,9 @@ def training_losses(folder):
     return [e["loss"] for e in json.loads((folder / "training_log.json").read_text()) if "loss" in e]
 
 
-def test_the_loss_is_the_same_packed_padded_and_accumulated(base, tmp_path):
-    """Groups of 3 to 5 documents: batch 4 packed, batch 4 padded, and batch 2 x 2 accumulated steps give the same
-    loss history (the loss divides by the groups of the whole batch)."""
+def test_the_loss_is_the_same_packed_padded_and_accumulated(base, tmp_path, capsys):
+    """Groups of 3 to 5 documents: batch 4 packed (each group's prefix computed once), batch 4 padded, and batch 2 x 2
+    accumulated steps give the same loss history (the loss divides by the groups of the whole batch)."""
     data = write(tmp_path / "train.jsonl", layout_rows("flag", groups(16)))
     eval_data = write(tmp_path / "eval.jsonl", layout_rows("flag", groups(18)[16:]))
     common = ["--model", base, "--train", data, "--eval", eval_data, "--max-steps", "3", "--lr", "5e-3"]
@@ -195,6 +196,8 @@ def test_the_loss_is_the_same_packed_padded_and_accumulated(base, tmp_path):
     for name, extra in runs.items():
         assert run("train", *common, *extra, "--output", tmp_path / name) == 0
         histories[name] = training_losses(tmp_path / name)
+        shared = "start with (template head, query): computed once per group" in capsys.readouterr().err
+        assert shared == (name != "padded"), name
     assert len(histories["packed"]) == 3
     for name in ("padded", "accumulated"):
         assert histories[name] == pytest.approx(histories["packed"], rel=1e-5), name

@@ -102,7 +102,7 @@ class Classification(Task):
         tokenizer.model_max_length = max(column_max(train_set, "length"), column_max(eval_set, "length"))
         return train_set, eval_set
 
-    def collator(self, tokenizer, packing: bool):
+    def collator(self, tokenizer, packing: bool, model):
         from transformers import DataCollatorWithPadding
 
         from ..packing import PackedCollator

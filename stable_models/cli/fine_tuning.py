@@ -288,7 +288,7 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
         args=training,
         train_dataset=task.training_set(args, train_set),
         eval_dataset=eval_set,
-        data_collator=task.collator(tokenizer, packing),
+        data_collator=task.collator(tokenizer, packing, model),
         compute_metrics=task.compute_metrics(data),
         callbacks=callbacks,
         **task.trainer_options(args, data, eval_set),

@@ -83,7 +83,7 @@ class Preference(Task):
     def longest(self, train_set, tokenizer) -> int:
         return column_max(train_set, "longer")
 
-    def collator(self, tokenizer, packing: bool):
+    def collator(self, tokenizer, packing: bool, model):
         from ..packing import PackedPairCollator
 
         inner = PackedPairCollator(pad_token_id=tokenizer.pad_token_id) if packing else PaddedPairCollator(tokenizer)

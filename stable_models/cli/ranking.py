@@ -75,6 +75,12 @@ class Ranking(Task):
             yes, no = args.init_from_tokens
             init_score_from_tokens(model, args.model, tokenizer, yes, no, args.gguf_file)
             say(f"[train] score head = W_lm[{yes!r}] - W_lm[{no!r}] (the LM's log-odds)", file=sys.stderr)
+        if not args.no_packing:
+            from ..modeling_rules import shared_prefix_obstacle
+
+            why = shared_prefix_obstacle(model)
+            said = "computed once per group" if why is None else f"computed per document: {why}"
+            say(f"[train] the tokens a group's documents start with (template head, query): {said}", file=sys.stderr)
 
     def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
         template = Template(args.template or "pair", args.instruction)
@@ -85,10 +91,17 @@ class Ranking(Task):
     def longest(self, train_set, tokenizer) -> int:
         return column_max(train_set, "longest")
 
-    def collator(self, tokenizer, packing: bool):
+    def collator(self, tokenizer, packing: bool, model):
+        """Packed groups compute the tokens their documents share (template head, query) once, where the model takes
+        such rows (full attention, last-token pooling, an eager or sdpa kernel); padded groups for recurrent models and
+        --no-packing."""
+        from ..modeling_rules import shared_prefix_obstacle
         from ..packing import PackedGroupCollator, PaddedGroupCollator
 
-        inner = PackedGroupCollator(pad_token_id=tokenizer.pad_token_id) if packing else PaddedGroupCollator(tokenizer)
+        if not packing:
+            return ModelInputs(PaddedGroupCollator(tokenizer), ("input_ids", "relevance", "teacher"))
+        share = shared_prefix_obstacle(model.get_base_model() if hasattr(model, "get_base_model") else model) is None
+        inner = PackedGroupCollator(pad_token_id=tokenizer.pad_token_id, share_prefixes=share)
         return ModelInputs(inner, ("input_ids", "relevance", "teacher"))
 
     def training_set(self, args, train_set):

@@ -149,7 +149,7 @@ class Task:
     def longest(self, train_set, tokenizer) -> int:
         return tokenizer.model_max_length
 
-    def collator(self, tokenizer, packing: bool):
+    def collator(self, tokenizer, packing: bool, model):
         raise NotImplementedError
 
     def trainer_class(self):
