@@ -132,3 +132,25 @@ def test_the_loss_and_gradients_equal_the_plain_packed_batch(name):
     assert len(shared_grads) == len(plain_grads) > 0
     for a, b in zip(shared_grads, plain_grads, strict=True):
         assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max())
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 64])
+def test_scoring_lists_in_order_computes_shared_starts_once_and_gives_each_its_logits_alone(batch_size):
+    """evaluate / predict's engine: consecutive lists that start alike for 8 tokens or more (a query's documents)
+    share one computation of that start; the others are packed alone. Every list gets its logits alone, in order."""
+    from stable_models.scoring import logits_with_shared_prefixes
+
+    query = random_sequences([9], seed=4)[0]
+    lists = documents(groups())  # two groups: starts of 7 and 3 tokens (the second too short to share)
+    lists += [torch.cat([query, t]) for t in random_sequences([1, 4, 2], seed=6)] + random_sequences([5], seed=7)
+    stable, _ = make_models(BY_NAME["llama"], "sdpa")
+    calls = []
+    hook = stable.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["input_ids"]), with_kwargs=True
+    )
+    logits = logits_with_shared_prefixes(stable, lists, batch_size=batch_size)
+    hook.remove()
+    assert (logits - logits_alone(stable, lists)).abs().max() <= 1e-5
+    if batch_size == 64:  # one forward: the 9-token query computed once for its 3 lists, starts of 7 and 3 apart
+        (ids,) = calls
+        assert (ids != 0).sum() == sum(len(t) for t in lists) - 2 * len(query)

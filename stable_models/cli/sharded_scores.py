@@ -10,9 +10,14 @@ SCORING_CHUNK = 4_096  # rows tokenized (and sorted by length) at a time
 
 
 def torch_engine(model, tokenizer, batch_size: int):
-    """Logits of token-id lists in their order from the model's forward, on batches of similar length."""
-    from ..scoring import logits_in_length_order
+    """Logits of token-id lists in their order from the model's forward: packed rows in which consecutive lists that
+    start alike (a query's documents) compute their start once, where the model takes them; elsewhere padded batches
+    of similar length."""
+    from ..modeling_rules import shared_prefix_obstacle
+    from ..scoring import logits_in_length_order, logits_with_shared_prefixes
 
+    if shared_prefix_obstacle(model) is None:
+        return lambda ids: logits_with_shared_prefixes(model, ids, batch_size, tokenizer.pad_token_id or 0)
     return lambda ids: logits_in_length_order(model, tokenizer, ids, batch_size)
 
 
