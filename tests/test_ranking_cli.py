@@ -72,7 +72,7 @@ class Args:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """Full attention on every layer, as the rerankers users start from (Qwen3-Reranker): packed groups share prefixes."""
+    """Full attention on every layer, as rerankers users start from (Qwen3-Reranker): packed groups share a prefix."""
     return save_checkpoint(tmp_path_factory.mktemp("base"), "qwen2", qwen2_like(), use_sliding_window=False)
 
 
