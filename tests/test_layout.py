@@ -217,3 +217,10 @@ print("HEAVY", heavy)
 def test_the_cycle_finder_finds_circles():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert import_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_the_tree_passes_the_linter_ci_runs():
+    """CI runs `ruff check .` after the tests; checking here too makes `./dev test` fail where CI would."""
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", str(PACKAGE.parent)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
