@@ -30,10 +30,12 @@ def launch(*args, processes=2, env=None, check=True):
     """`stable-models ARGS` under torchrun with `processes` ranks (the console entry point, as a user runs it)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     command += ["-m", "stable_models", *map(str, args)]
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    # PYTHONFAULTHANDLER: a rank that aborts (SIGABRT) prints every thread's Python stack, so a rare crash says where
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONFAULTHANDLER": "1"}
+    environment.update(env or {})
     done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
     if check:
-        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stderr[-6000:]}"
+        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
     return done
 
 
