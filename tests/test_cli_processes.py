@@ -35,7 +35,8 @@ def launch(*args, processes=2, env=None, check=True):
     environment.update(env or {})
     done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
     if check:
-        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+        shown = f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+        assert done.returncode == 0, shown
     return done
 
 
