@@ -6,7 +6,8 @@ its own, interleaved round by round:
 
 The job: SmolLM2-135M-Instruct, 320 Rotten Tomatoes reviews to train on, 100 to evaluate on during training, 300 to
 test on (the demo's split); LoRA r 16 (alpha 32) on every linear layer of the decoder layers, 40 steps of 8, AdamW at
-lr 1e-3 with a 5 % linear warm-up, fp32, seed 0, one evaluation of the 100 at the end.
+lr 1e-3 with a 5 % linear warm-up, fp32 (ours is told `--dtype fp32`: its `auto` picks bf16 autocast on CPUs with
+AVX512-BF16, and the peers train in fp32), seed 0, one evaluation of the 100 at the end.
 
 The peers:
 - ms-swift 4.6, `swift sft --task_type seq_cls` (its own venv: it pins transformers < 5.20, peft < 0.21, trl < 1),
@@ -159,7 +160,7 @@ def runs(model: Path, split: dict, work: Path, swift_python: Path) -> dict:
     return {
         "stable-models train": (
             [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"],
-             "--eval", split["dev"], "--output", ours, "--overwrite", *common],
+             "--eval", split["dev"], "--output", ours, "--overwrite", "--dtype", "fp32", *common],
             lambda: evaluate_ours(ours, split["test"]),
         ),
         "transformers Trainer + peft": (
@@ -222,7 +223,7 @@ def main() -> None:
     model = CACHE / "models" / "smollm2-135m"
     wanted = lambda name: not args.only or name == "stable-models train" or any(w in name for w in args.only)  # noqa: E731
     swift_python = ensure_swift() if wanted("ms-swift") else SWIFT_VENV / "bin" / "python"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     results = {}
     for round_ in range(args.rounds):
         order = [(name, run) for name, run in runs(model, split, args.work, swift_python).items() if wanted(name)]
