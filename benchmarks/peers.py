@@ -3,6 +3,7 @@ its own, interleaved round by round:
 
     ./dev demo --help >/dev/null            # the demo's venv (.venv: the cli extra)
     .venv/bin/python benchmarks/peers.py    # makes .venv-peer-swift once (torch 2.13 CPU + ms-swift 4.6)
+    .venv/bin/python benchmarks/peers.py --only Trainer --bf16   # ours and the Trainer script, fp32 and bf16 autocast
 
 The job: SmolLM2-135M-Instruct, 320 Rotten Tomatoes reviews to train on, 100 to evaluate on during training, 300 to
 test on (the demo's split); LoRA r 16 (alpha 32) on every linear layer of the decoder layers, 40 steps of 8, AdamW at
@@ -42,6 +43,7 @@ SWIFT_VENV = ROOT / ".venv-peer-swift"
 SWIFT_SPECS = ["torch==2.13.0", "ms-swift==4.6.0"]
 STEPS, BATCH, LR, LORA_R, WARMUP = 40, 8, 1e-3, 16, 0.05
 LABELS = ["fresh", "rotten"]
+OURS = {"fp32": "stable-models train", "bf16": "stable-models train, bf16 autocast"}  # the rows each peer is held to
 
 
 def train_with_trainer(args) -> None:
@@ -84,6 +86,7 @@ def train_with_trainer(args) -> None:
         use_cpu=True,
         seed=0,
         logging_steps=10,
+        bf16=args.bf16,
     )
     trainer = Trainer(model, training, train_dataset=data["train"], eval_dataset=data["dev"],
                       data_collator=DataCollatorWithPadding(tokenizer))  # fmt: skip
@@ -143,9 +146,10 @@ def ensure_swift() -> Path:
     return python
 
 
-def runs(model: Path, split: dict, work: Path, swift_python: Path) -> dict:
-    """Each peer's command and how its test accuracy is read afterwards."""
-    ours = work / "ours"
+def runs(model: Path, split: dict, work: Path, swift_python: Path, bf16: bool) -> dict:
+    """Each peer's command and how its test accuracy is read afterwards; with `bf16`, ours and the Trainer script
+    again under bf16 autocast (fp32 weights), the recipe `--dtype auto` picks on CPUs with AVX512-BF16."""
+    ours, ours_bf16 = work / "ours", work / "ours-bf16"
     swift_data = work / "swift"
     swift_data.mkdir(parents=True, exist_ok=True)
     for name in ("train", "dev", "test"):
@@ -157,15 +161,26 @@ def runs(model: Path, split: dict, work: Path, swift_python: Path) -> dict:
     swift_out = work / "swift-run"
     shutil.rmtree(swift_out, ignore_errors=True)  # a fresh run each round (ms-swift resumes into a folder it finds)
     common = ["--max-steps", STEPS, "--batch-size", BATCH, "--lr", LR, "--seed", 0]
-    return {
-        "stable-models train": (
-            [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"],
-             "--eval", split["dev"], "--output", ours, "--overwrite", "--dtype", "fp32", *common],
-            lambda: evaluate_ours(ours, split["test"]),
+    train = [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"],
+             "--eval", split["dev"], "--overwrite", *common]  # fmt: skip
+    trainer = [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"]]
+    with_bf16 = {
+        OURS["bf16"]: (
+            [*train, "--output", ours_bf16, "--dtype", "bf16"],
+            lambda: evaluate_ours(ours_bf16, split["test"]),
         ),
+        "transformers Trainer + peft, bf16 autocast": (
+            [*trainer, "--output", work / "trainer-bf16", "--bf16"],
+            lambda: trainer_accuracy(model, work / "trainer-bf16" / "adapter", split["test"]),
+        ),
+    }
+    return {
+        OURS["fp32"]: (
+            [*train, "--output", ours, "--dtype", "fp32"], lambda: evaluate_ours(ours, split["test"])
+        ),
+        **(with_bf16 if bf16 else {}),
         "transformers Trainer + peft": (
-            [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"],
-             "--output", work / "trainer"],
+            [*trainer, "--output", work / "trainer"],
             lambda: trainer_accuracy(model, work / "trainer" / "adapter", split["test"]),
         ),
         "ms-swift sft --task_type seq_cls": (
@@ -202,11 +217,13 @@ def main() -> None:
     trainer = sub.add_parser("trainer", help="(internal) the Trainer + peft peer")
     for flag in ("--model", "--train", "--dev", "--output"):
         trainer.add_argument(flag, type=Path, required=True)
+    trainer.add_argument("--bf16", action="store_true")
     scorer = sub.add_parser("score", help="(internal) test accuracy of a saved adapter")
     for flag in ("--model", "--adapter", "--data"):
         scorer.add_argument(flag, type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", nargs="+", help="run only the runs whose names hold one of these words (ours always)")
+    parser.add_argument("--bf16", action="store_true", help="also ours and the Trainer script under bf16 autocast")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-peers")
     args = parser.parse_args()
     if args.mode == "trainer":
@@ -221,12 +238,13 @@ def main() -> None:
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     split = {"train": train, "dev": dev, "test": test}
     model = CACHE / "models" / "smollm2-135m"
-    wanted = lambda name: not args.only or name == "stable-models train" or any(w in name for w in args.only)  # noqa: E731
+    wanted = lambda name: not args.only or name.startswith("stable-models train") or any(w in name for w in args.only)  # noqa: E731
     swift_python = ensure_swift() if wanted("ms-swift") else SWIFT_VENV / "bin" / "python"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     results = {}
     for round_ in range(args.rounds):
-        order = [(name, run) for name, run in runs(model, split, args.work, swift_python).items() if wanted(name)]
+        every = runs(model, split, args.work, swift_python, args.bf16)
+        order = [(name, run) for name, run in every.items() if wanted(name)]
         for name, (command, accuracy) in order if round_ % 2 == 0 else order[::-1]:
             wall, peak = timed(command, env)
             entry = results.setdefault(name, {"wall": [], "peak": [], "accuracy": []})
@@ -235,12 +253,13 @@ def main() -> None:
             entry["accuracy"].append(accuracy())
             print(f"round {round_ + 1}: {name}: {wall:.1f} s, {peak:.2f} GiB, accuracy {entry['accuracy'][-1]:.3f}",
                   flush=True)  # fmt: skip
-    ours = statistics.median(results["stable-models train"]["wall"])
-    print("\n| | wall (median) | peak memory | test accuracy | ours faster by |\n|---|---:|---:|---:|---:|")
+    ours = {dtype: statistics.median(results[name]["wall"]) for dtype, name in OURS.items() if name in results}
+    print("\n| | wall (median) | peak memory | test accuracy | ours faster by (same dtype) |")
+    print("|---|---:|---:|---:|---:|")
     for name, entry in results.items():
-        wall = statistics.median(entry["wall"])
+        wall, ours_wall = statistics.median(entry["wall"]), ours["bf16" if "bf16" in name else "fp32"]
         print(f"| {name} | {wall:.1f} s | {max(entry['peak']):.2f} GiB | {statistics.mean(entry['accuracy']):.3f} | "
-              f"{wall / ours:.2f}x |")  # fmt: skip
+              f"{wall / ours_wall:.2f}x |")  # fmt: skip
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
 
 
