@@ -132,6 +132,26 @@ def test_predict_keeps_the_input_order_and_equals_the_forward(trained, tmp_path,
     assert torch.tensor(table[["p_neg", "p_pos"]].values) == pytest.approx(got.double(), abs=1e-6)
 
 
+def test_predict_progress_advances_batch_by_batch_within_a_chunk(trained, tmp_path, monkeypatch):
+    """The bar moves as each batch is scored, not once per SCORING_CHUNK (4,096 rows: minutes of a CPU's scoring)."""
+    import tqdm.auto
+
+    output, data = trained
+    updates = []
+
+    class Recording(tqdm.auto.tqdm):
+        def update(self, n=1):
+            updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
+    texts = [r["text"] for r in rows("string")][:10]
+    write(tmp_path / "new.jsonl", [{"text": t} for t in texts])
+    command = ["predict", "--model", output, "--data", tmp_path / "new.jsonl", "--output", tmp_path / "p.jsonl"]
+    assert run(*command, "--batch-size", "2") == 0
+    assert sum(updates) == len(texts) and len(updates) >= len(texts) // 4, updates  # one chunk, several batches
+
+
 def test_evaluate_reports_and_calibrate_folds_the_temperature_into_the_head(trained, tmp_path, capsys):
     output, data = trained
     folder = tmp_path / "model"

@@ -12,27 +12,32 @@ SCORING_CHUNK = 4_096  # rows tokenized (and sorted by length) at a time
 def torch_engine(model, tokenizer, batch_size: int):
     """Logits of token-id lists in their order from the model's forward: packed rows in which consecutive lists that
     start alike (a query's documents) compute their start once, where the model takes them; elsewhere padded batches
-    of similar length."""
+    of similar length. `progress.update(n)` after each batch of n lists."""
     from ..modeling_rules import shared_prefix_obstacle
     from ..scoring import logits_in_length_order, logits_with_shared_prefixes
 
     if shared_prefix_obstacle(model) is None:
-        return lambda ids: logits_with_shared_prefixes(model, ids, batch_size, tokenizer.pad_token_id or 0)
-    return lambda ids: logits_in_length_order(model, tokenizer, ids, batch_size)
+        pad = tokenizer.pad_token_id or 0
+        return lambda ids, progress=None: logits_with_shared_prefixes(model, ids, batch_size, pad, progress)
+    return lambda ids, progress=None: logits_in_length_order(model, tokenizer, ids, batch_size, progress)
 
 
 def scored_batches(job, table, columns, render, engine, progress=True):
-    """(batch of rows as a dict of `columns`, their logits [rows, sides, outputs]) for this rank's shard."""
+    """(batch of rows as a dict of `columns`, their logits [rows, sides, outputs]) for this rank's shard. The bar
+    counts the inputs scored (a row of pairs is two) as the engine's batches finish, not chunk by chunk: a chunk of
+    thousands of reranker documents takes minutes on a CPU."""
     from tqdm.auto import tqdm
 
     rows = job.shard(len(table))
     part = table.select(rows) if len(rows) != len(table) else table
-    with tqdm(total=len(part), desc="scoring", disable=not (progress and job.is_main), unit="row") as bar:
+    with tqdm(total=len(part), desc="scoring", disable=not (progress and job.is_main), unit="input") as bar:
         for batch in part.select_columns(columns).iter(batch_size=SCORING_CHUNK):
             sides = render(batch)
-            logits = engine([ids for side in sides for ids in side]).float()
+            if bar.total != len(part) * len(sides):
+                bar.total = len(part) * len(sides)
+                bar.refresh()
+            logits = engine([ids for side in sides for ids in side], bar).float()
             yield batch, logits.reshape(len(sides), len(sides[0]), -1).transpose(0, 1)
-            bar.update(len(sides[0]))
 
 
 def gathered_scores(job, batches) -> torch.Tensor | None:

@@ -39,4 +39,11 @@ def logits_of(llm, ids):
 
 def vllm_engine(llm):
     """Raw logits of token-id lists in their order (sharded_scores.scored_batches' engine)."""
-    return lambda ids: logits_of(llm, ids)
+
+    def engine(ids, progress=None):
+        logits = logits_of(llm, ids)
+        if progress is not None:
+            progress.update(len(ids))
+        return logits
+
+    return engine
