@@ -149,6 +149,15 @@ def planned_steps(args, rows: int, world: int) -> int:
     return args.max_steps or math.ceil(math.ceil(rows / (args.batch_size * args.grad_accum * world)) * args.epochs)
 
 
+def checkpointing_arguments(arguments_class, enabled: bool, kwargs: dict) -> dict:
+    """Activation checkpointing under the name the installed TrainingArguments takes: transformers 5.25 renamed
+    `gradient_checkpointing*` to `activation_checkpointing*` and warns on the old names at every run."""
+    name = "activation_checkpointing"
+    if name not in arguments_class.__dataclass_fields__:
+        name = "gradient_checkpointing"
+    return {name: enabled, f"{name}_kwargs": kwargs if enabled else None}
+
+
 def training_arguments(args, data, dtype: str, checkpoints: Path):
     """TrainingArguments of a run: evaluation and checkpoints up to five times per run, the best restored at the end,
     and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
@@ -175,9 +184,8 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
         warmup_steps=int(total_steps * args.warmup_ratio) or (1 if args.warmup_ratio else 0),
         lr_scheduler_type=args.scheduler,
         weight_decay=args.weight_decay,
-        gradient_checkpointing=args.gradient_checkpointing,
         # reentrant checkpointing (transformers 4.x's default) passes no gradient to LoRA: its inputs need none
-        gradient_checkpointing_kwargs={"use_reentrant": False} if args.gradient_checkpointing else None,
+        **checkpointing_arguments(TrainingArguments, args.gradient_checkpointing, {"use_reentrant": False}),
         eval_strategy="steps",
         eval_steps=eval_steps,
         save_strategy="steps",
