@@ -225,10 +225,19 @@ def test_init_from_tokens_gives_the_lms_log_odds(base, tmp_path):
 
 
 def test_a_long_input_is_cut_in_the_document_only():
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
     tokenizer = qwen2_like()
+    tokenizer.model_max_length = 100  # as train saves it (its longest input): longer documents are measured, then cut
     template = Template("qwen3", None)
     query, document = "is it great", " ".join(["the film was great"] * 40)
-    (full,), (full_cut_from,) = template.ids(tokenizer, [query], [document], 10**9)
+    with CaptureLogger(logging.get_logger("transformers.tokenization_utils_base")) as said:
+        (full,), (full_cut_from,) = template.ids(tokenizer, [query], [document], 10**9)
+        pair_tokenizer = qwen2_like()
+        pair_tokenizer.model_max_length = 100
+        Template("pair", None).ids(pair_tokenizer, [query], [document], 12)
+    assert "indexing errors" not in said.out  # the tokenizer's "longer than the maximum" warning: they are cut
     (cut,), (cut_from,) = template.ids(tokenizer, [query], [document], 300)
     assert full_cut_from == 0 and cut_from == len(full)  # what evaluate's and predict's warning counts
     head, tail = QWEN3.split("{document}")

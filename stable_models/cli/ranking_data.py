@@ -309,6 +309,7 @@ class Template:
         (0 elsewhere))."""
         if self.text == "pair":
             return pair_ids(tokenizer, queries, documents, limit)
+        quiet_about_length(tokenizer)
         instructions = [p or self.instruction for p in (prompts or [None] * len(queries))]
         head, tail = self.text.split("{document}", 1)
         heads = tokenizer(
@@ -330,7 +331,15 @@ class Template:
         return out, cut_from
 
 
+def quiet_about_length(tokenizer) -> None:
+    """Documents are tokenized whole to measure them, then cut to the limit: the tokenizer's warning that a sequence
+    longer than model_max_length "will result in indexing errors" does not apply (transformers gives it once per
+    tokenizer, and this marks it given)."""
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
+
+
 def pair_ids(tokenizer, queries, documents, limit):
+    quiet_about_length(tokenizer)
     full = tokenizer(list(queries), list(documents))["input_ids"]
     cut_from = [len(ids) if len(ids) > limit else 0 for ids in full]
     if not any(cut_from):
