@@ -238,7 +238,7 @@ def main() -> None:
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     split = {"train": train, "dev": dev, "test": test}
     model = CACHE / "models" / "smollm2-135m"
-    wanted = lambda name: not args.only or name.startswith("stable-models train") or any(w in name for w in args.only)  # noqa: E731
+    wanted = lambda name: not args.only or name in OURS.values() or any(w in name for w in args.only)  # noqa: E731
     swift_python = ensure_swift() if wanted("ms-swift") else SWIFT_VENV / "bin" / "python"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     results = {}

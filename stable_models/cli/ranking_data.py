@@ -307,9 +307,9 @@ class Template:
     def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> tuple[list[list[int]], list[int]]:
         """(token ids of each (query, document) within `limit`, each row's full length where its document was cut
         (0 elsewhere))."""
+        quiet_about_length(tokenizer)
         if self.text == "pair":
             return pair_ids(tokenizer, queries, documents, limit)
-        quiet_about_length(tokenizer)
         instructions = [p or self.instruction for p in (prompts or [None] * len(queries))]
         head, tail = self.text.split("{document}", 1)
         heads = tokenizer(
@@ -339,7 +339,6 @@ def quiet_about_length(tokenizer) -> None:
 
 
 def pair_ids(tokenizer, queries, documents, limit):
-    quiet_about_length(tokenizer)
     full = tokenizer(list(queries), list(documents))["input_ids"]
     cut_from = [len(ids) if len(ids) > limit else 0 for ids in full]
     if not any(cut_from):
