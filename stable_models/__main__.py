@@ -1,8 +1,6 @@
 """`python -m stable_models train | evaluate | predict | doctor` (the same as the `stable-models` command)."""
 
-import sys
-
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed import failure_output
 from safetensors.torch import load_file
 from test_cli import rows, write
 from test_doctor import save_checkpoint
@@ -35,8 +36,7 @@ def launch(*args, processes=2, env=None, check=True):
     environment.update(env or {})
     done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
     if check:
-        shown = f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
-        assert done.returncode == 0, shown
+        assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{failure_output(done)}"
     return done
 
 
@@ -115,6 +115,36 @@ def test_predict_and_evaluate_on_two_processes_equal_one(job, tmp_path):
     for key in ("accuracy", "f1_macro", "ece", "roc_auc"):
         assert reports["two"][key] == pytest.approx(reports["one"][key], abs=1e-6), key
     assert reports["two"]["confusion_matrix"] == reports["one"]["confusion_matrix"]
+
+
+ENDING = """
+import atexit, sys
+from stable_models.cli import run
+atexit.register(lambda: print("exit functions ran"))
+class Teardown:
+    def __del__(self):
+        print("interpreter teardown ran")
+teardown = Teardown()
+sys.argv = ["stable-models", *sys.argv[1:]]
+run()
+"""
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+@pytest.mark.parametrize(
+    ("argv", "code", "said"),
+    [(["verify", "missing-folder"], 2, "missing-folder: no such folder"), (["--typo"], 2, "usage:"), ([], 2, "usage:")],
+)
+def test_a_rank_ends_after_its_exit_functions_without_the_interpreters_teardown(world, argv, code, said):
+    """One of many ranks (WORLD_SIZE > 1) runs the exit functions (trackers, logs) and keeps its exit code, but
+    skips the teardown where gloo's threads aborted finished ranks; one process exits as any program does."""
+    done = subprocess.run(
+        [sys.executable, "-c", ENDING, *argv], env={**os.environ, "WORLD_SIZE": world}, capture_output=True, text=True
+    )
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "exit functions ran" in done.stdout
+    assert ("interpreter teardown ran" in done.stdout) == (world == "1")
+    assert said in done.stdout + done.stderr
 
 
 def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):

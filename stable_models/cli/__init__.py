@@ -4,6 +4,7 @@ The arguments are parsed before anything heavy is imported, so `--help` and argu
 then imports what it runs. This package imports the library; the library never imports it.
 """
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -74,13 +75,27 @@ def main(argv=None) -> int:
             return getattr(commands, args.command)(args)
     except CliError as error:
         report(error, verbose=getattr(args, "verbose", False))  # once per job, not once per process
-        leave_process_group()
         return 2
 
 
-def leave_process_group() -> None:
-    """After a job-wide error every rank ends its process group before it exits: a gloo context left to the
-    interpreter's exit can abort (SIGABRT) while its peer closes, which turned the job's exit code 2 into a crash."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+def run() -> None:
+    """The `stable-models` command (and `python -m stable_models`). One of many ranks (WORLD_SIZE > 1: torchrun,
+    accelerate, deepspeed) runs the exit functions (trackers, logging, temporary files), then ends with os._exit:
+    left to gloo's teardown (destroy_process_group, the interpreter's exit), a rank whose job had written everything,
+    or had reported its error, now and then aborted (SIGABRT, and the launcher reported a crash)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    if isinstance(code, str):  # sys.exit("message"), as the interpreter would print it
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)

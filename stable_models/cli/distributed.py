@@ -89,10 +89,10 @@ class Job:
         return gathered
 
     def leave(self) -> None:
-        """Meet, then end the process group, so no rank exits while a peer still talks to it."""
+        """Meet, so no rank exits while a peer still talks to it. The process group is left to the process's end
+        (`cli.run` ends a rank with os._exit): gloo's teardown could abort a rank whose work was done."""
         if self.world > 1 and torch.distributed.is_initialized():
             torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
 
 
 LOCK = ".stable-models.lock"
