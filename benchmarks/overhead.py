@@ -39,6 +39,7 @@ def first(lines, text) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--dtype", default="auto", help="train's --dtype (auto: bf16 on CPUs with AVX512-BF16)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-overhead")
     args = parser.parse_args()
     fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "data"]
@@ -47,7 +48,7 @@ def main() -> None:
     output = args.work / "model"
     command = [sys.executable, "-m", "stable_models", "train", "--model", str(CACHE / "models" / "smollm2-135m")]
     command += ["--train", str(train), "--eval", str(dev), "--output", str(output), "--overwrite", "--batch-size", "8"]
-    command += ["--max-steps", str(args.max_steps), "--lr", "1e-3", "--seed", "0"]
+    command += ["--max-steps", str(args.max_steps), "--lr", "1e-3", "--seed", "0", "--dtype", args.dtype]
     lines, wall = stamped_run(command)
     log = json.loads((output / "training_log.json").read_text())
     runtime = next(entry["train_runtime"] for entry in log if "train_runtime" in entry)
