@@ -5,6 +5,10 @@ its own, interleaved round by round:
     .venv/bin/python benchmarks/peers.py    # makes .venv-peer-swift once (torch 2.13 CPU + ms-swift 4.6)
     .venv/bin/python benchmarks/peers.py --only Trainer --bf16   # ours and the Trainer script, fp32 and bf16 autocast
 
+Where .venv already holds the test extras (./dev test), both ours and the Trainer script also import bitsandbytes and
+DeepSpeed (about 2.5 s a run): `STABLE_MODELS_VENV=.venv-demo ./dev demo --help` makes a venv with the cli extra
+alone, and `.venv-demo/bin/python benchmarks/peers.py ...` runs in it.
+
 The job: SmolLM2-135M-Instruct, 320 Rotten Tomatoes reviews to train on, 100 to evaluate on during training, 300 to
 test on (the demo's split); LoRA r 16 (alpha 32) on every linear layer of the decoder layers, 40 steps of 8, AdamW at
 lr 1e-3 with a 5 % linear warm-up, fp32 (ours is told `--dtype fp32`: its `auto` picks bf16 autocast on CPUs with
