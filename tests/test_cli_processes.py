@@ -153,6 +153,20 @@ def test_a_command_ends_after_its_exit_functions_without_the_interpreters_teardo
     assert said in done.stdout + done.stderr
 
 
+INTERRUPTED = """
+import stable_models.cli as cli
+def interrupted():
+    raise KeyboardInterrupt
+cli.main = interrupted
+cli.run()
+"""
+
+
+def test_a_command_stopped_by_ctrl_c_exits_130():
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True)
+    assert done.returncode == 130 and "KeyboardInterrupt" in done.stderr, done.stderr[-2000:]
+
+
 def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
     folder, base, data, held_out, _ = job
     output = tmp_path / "busy"

@@ -4,6 +4,8 @@ checkpoints."""
 
 import json
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -145,9 +147,6 @@ def test_report_to_tensorboard_logs_the_run_under_output(base, tmp_path):  # noq
     """--report-to tensorboard --run-name: event files under --output/logs/NAME with the training loss, each
     evaluation's metrics and the final (best checkpoint's) metrics; nothing logged without --report-to. Run as the
     `stable-models` command, which ends without the interpreter's teardown: the tracker's files are complete."""
-    import subprocess
-    import sys
-
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     data = write(tmp_path / "train.jsonl", rows("string"))

@@ -89,12 +89,9 @@ def run() -> None:
         code = main()
     except SystemExit as stop:
         code = stop.code
-    except KeyboardInterrupt:
+    except BaseException as error:
         sys.excepthook(*sys.exc_info())
-        code = 130  # as the shell reports a command ended by Ctrl-C
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
+        code = 130 if isinstance(error, KeyboardInterrupt) else 1  # 130: as the shell reports Ctrl-C
     if isinstance(code, str):  # sys.exit("message"), as the interpreter would print it
         print(code, file=sys.stderr)
         code = 1
