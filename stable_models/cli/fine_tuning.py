@@ -1,7 +1,7 @@
 """The fine-tuning set-up of `stable-models train`, the same for every task: the base model (4-bit with --qlora),
 LoRA adapters, TrainingArguments (--deepspeed, --fsdp, evaluation and checkpoints), the Trainer with the task's
-collator, loss and metrics, a length-grouped sampler and callbacks, and the merged model it saves. commands.train runs
-these steps in order.
+collator, loss and metrics (batches in Trainer's random order) and callbacks, and the merged model it saves.
+commands.train runs these steps in order.
 """
 
 import contextlib
@@ -279,19 +279,9 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
     callbacks = [StopOnNonFinite()]
     if args.early_stopping:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping))
-    base = task.trainer_class()
-
-    class LengthGroupedTrainer(base):
-        def _get_train_sampler(self, *args, **kwargs):
-            """Batches of similar length (less padding, fuller packed rows), grouped per optimizer step over all
-            processes: N processes with batch B see the steps one process with batch N x B sees."""
-            from transformers.trainer_pt_utils import LengthGroupedSampler
-
-            step = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
-            lengths = self.train_dataset.with_format("arrow")["length"].to_pylist()
-            return LengthGroupedSampler(step * self.args.world_size, lengths=lengths)
-
-    return LengthGroupedTrainer(
+    # batches in Trainer's random order: grouping them by length (LengthGroupedSampler) saved no time on packed
+    # rows and cost quality in short runs (docs/performance.md, "Batch order")
+    return task.trainer_class()(
         model=model,
         args=training,
         train_dataset=task.training_set(args, train_set),
