@@ -376,8 +376,9 @@ def tokenize_cutting(tokenizer, texts, pairs, max_length=None) -> tuple[list, li
 
 
 def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
-    """One `map` batch: token ids, their count (for length-grouped batches), the encoded labels, and the full
-    length of each row that truncation cut (0 where nothing was cut), for train's warning."""
+    """One `map` batch: token ids, their count (for the evaluation cadence and the model's length limit), the
+    encoded labels, and the full length of each row that truncation cut (0 where nothing was cut), for train's
+    warning."""
     texts, pairs = texts_of(batch, text_key, pair_key)
     ids, cut_from = tokenize_cutting(tokenizer, texts, pairs, max_length)
     return {

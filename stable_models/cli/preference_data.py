@@ -201,7 +201,7 @@ def rendered_ids(tokenizer, responses, prompts, conversational: bool) -> list[li
 
 
 def encode_pairs(batch, tokenizer, layout: Layout):
-    """One `map` batch: both responses' token ids, their total length (for length-grouped batches), the margin."""
+    """One `map` batch: both responses' token ids, their total length (for the evaluation cadence), the margin."""
     prompts = batch["prompt"] if layout.prompt else None
     chosen = rendered_ids(tokenizer, batch["chosen"], prompts, layout.conversational)
     rejected = rendered_ids(tokenizer, batch["rejected"], prompts, layout.conversational)

@@ -348,8 +348,8 @@ def pair_ids(tokenizer, queries, documents, limit):
 
 
 def tokenize_groups(batch, tokenizer, template: Template, limit: int):
-    """One `map` batch of groups as token ids per document, their total length (for length-grouped steps) and the
-    longest document."""
+    """One `map` batch of groups as token ids per document, their total length (for the evaluation cadence) and
+    the longest document."""
     queries = [q for q, docs in zip(batch["query"], batch["documents"], strict=True) for _ in docs]
     prompts = [p for p, docs in zip(batch["prompt"], batch["documents"], strict=True) for _ in docs]
     documents = [d for docs in batch["documents"] for d in docs]
