@@ -31,8 +31,12 @@ the timing, from each tool's own scoring: ours from `stable-models evaluate`, ms
 Trainer script's from `score` below (its saved adapter on the base, the texts tokenized as it trained on them).
 
 Where a peer's defaults differ from the job, the job wins, so the runs train the same recipe: ms-swift is given
-`--gradient_checkpointing false` (its default is on), a linear schedule (cosine) and no weight decay (0.1), and, for
-this local folder, `--model_type llama --template chatml --template_backend jinja` (the model's own chat template).
+`--gradient_checkpointing false` (its default is on), no LoRA dropout (0.05; peft's default, and ours, is 0: at 0.05
+peft copies every LoRA layer's input through a dropout, 20 % of ms-swift's step here), a linear schedule (cosine) and
+no weight decay (0.1), and, for this local folder, `--model_type llama --template chatml --template_backend jinja`
+(the model's own chat template). What stays ms-swift's own: it renders each review through that template, which
+adds the model's default system prompt (56.4 tokens a review against 26.4 as plain text), and it pads each batch to
+its longest row.
 """
 
 import argparse
@@ -201,7 +205,7 @@ def runs(model: Path, split: dict, work: Path, swift_python: Path, bf16: bool) -
         "ms-swift sft --task_type seq_cls": (
             [swift_python.parent / "swift", "sft", "--model", model, "--model_type", "llama", "--template", "chatml",
              "--template_backend", "jinja", "--task_type", "seq_cls", "--num_labels", 2, "--tuner_type", "lora",
-             "--lora_rank", LORA_R, "--lora_alpha", 2 * LORA_R, "--target_modules", "all-linear",
+             "--lora_rank", LORA_R, "--lora_alpha", 2 * LORA_R, "--lora_dropout", 0, "--target_modules", "all-linear",
              "--dataset", swift_data / "train.jsonl", "--val_dataset", swift_data / "dev.jsonl",
              "--max_steps", STEPS, "--per_device_train_batch_size", BATCH, "--per_device_eval_batch_size", BATCH,
              "--learning_rate", LR, "--warmup_ratio", WARMUP, "--lr_scheduler_type", "linear", "--weight_decay", 0,
