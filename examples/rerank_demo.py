@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_demo import CACHE, ROOT, step  # noqa: E402  (the classification demo's fetch cache and command printer)
+from cli_demo import CACHE, ROOT, fetch, step  # noqa: E402  (the classification demo's fetch cache and command printer)
 
 # SmolLM2's chat format, asking for a yes / no judgement: the LM's log-odds of "yes" are the untrained reranker
 TEMPLATE = (
@@ -113,8 +112,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "sciq"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)  # cached after the first run
+    fetch("sciq")
     base, data = CACHE / "models" / "smollm2-135m", CACHE / "data" / "sciq.jsonl"
     started = time.perf_counter()
     train, dev, test = write_splits(

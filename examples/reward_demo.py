@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_demo import CACHE, ROOT, step  # noqa: E402  (the classification demo's fetch cache and command printer)
+from cli_demo import CACHE, ROOT, fetch, step  # noqa: E402  (the classification demo's fetch cache and command printer)
 
 
 def write_splits(source: Path, folder: Path, train_pairs: int, seed: int):
@@ -106,8 +105,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    fetch = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", "pairs"]
-    subprocess.run(fetch, check=True, stdout=subprocess.DEVNULL)  # cached after the first run
+    fetch("pairs")
     base, source = CACHE / "models" / "smollm2-135m", CACHE / "data" / "rotten_tomatoes_pairs.jsonl"
     train, dev, test, reviews = write_splits(source, args.output / "data", args.train_pairs, args.seed)
     model = args.output / "model"
