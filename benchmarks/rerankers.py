@@ -116,12 +116,12 @@ def scores_ours(folder: Path, rows) -> list[float]:
     from transformers import AutoTokenizer
 
     import stable_models
-    from stable_models.cli.ranking_data import Template
     from stable_models.scoring import logits_in_length_order
+    from stable_models.templates import RerankTemplate
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = stable_models.from_pretrained(folder).eval()
-    template = Template(model.config.reranker_template, "")
+    template = RerankTemplate(model.config.reranker_template, "")
     ids, _ = template.ids(tokenizer, [r["query"] for r in rows], [r["document"] for r in rows], limit=10**9)
     with torch.no_grad():
         logits = logits_in_length_order(model, tokenizer, ids, batch_size=16)

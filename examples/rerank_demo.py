@@ -86,16 +86,18 @@ def write_splits(source: Path, folder: Path, train_questions: int, test_question
 
 
 def untrained_start(base: Path, folder: Path):
-    """The reranker before training: the score head at W_lm[yes] - W_lm[no], the template in its config."""
+    """The reranker before training: the score head at W_lm[yes] - W_lm[no], the template in its config and as its
+    tokenizer's chat template (as train saves it)."""
     from transformers import AutoTokenizer
 
     import stable_models
     from stable_models.cli.ranking import init_score_from_tokens
+    from stable_models.templates import RerankTemplate, attach_template
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = stable_models.from_pretrained(base, num_labels=1, id2label={0: "score"}, label2id={"score": 0})
     init_score_from_tokens(model, str(base), tokenizer, "yes", "no")
-    model.config.reranker_template, model.config.reranker_instruction = TEMPLATE, ""
+    attach_template(model, tokenizer, RerankTemplate(TEMPLATE, ""))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 

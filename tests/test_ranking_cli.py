@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import stable_models
 from stable_models import cli
 from stable_models.cli.data import read_table
-from stable_models.cli.ranking_data import QWEN3, Template, ranking_layout, read_groups
+from stable_models.cli.ranking_data import ranking_layout, read_groups, template_ids
+from stable_models.templates import QWEN3, RerankTemplate
 
 datasets = pytest.importorskip("datasets")
 
@@ -225,29 +226,35 @@ def test_init_from_tokens_gives_the_lms_log_odds(base, tmp_path):
 
 
 def test_a_long_input_is_cut_in_the_document_only():
+    """Rendered whole, then cut inside the document with the template's end kept: the ids sentence-transformers'
+    suffix-restoring truncation gives from the folder's chat template."""
     from transformers.testing_utils import CaptureLogger
     from transformers.utils import logging
 
     tokenizer = qwen2_like()
     tokenizer.model_max_length = 100  # as train saves it (its longest input): longer documents are measured, then cut
-    template = Template("qwen3", None)
+    template = RerankTemplate("qwen3", None)
     query, document = "is it great", " ".join(["the film was great"] * 40)
     with CaptureLogger(logging.get_logger("transformers.tokenization_utils_base")) as said:
-        (full,), (full_cut_from,) = template.ids(tokenizer, [query], [document], 10**9)
+        (full,), (full_cut_from,) = template_ids(template, tokenizer, [query], [document], 10**9)
         pair_tokenizer = qwen2_like()
         pair_tokenizer.model_max_length = 100
-        Template("pair", None).ids(pair_tokenizer, [query], [document], 12)
+        template_ids(RerankTemplate("pair", None), pair_tokenizer, [query], [document], 12)
     assert "indexing errors" not in said.out  # the tokenizer's "longer than the maximum" warning: they are cut
     (cut,), (cut_from,) = template.ids(tokenizer, [query], [document], 300)
     assert full_cut_from == 0 and cut_from == len(full)  # what evaluate's and predict's warning counts
+    text, _, _ = template.render(query, document)
+    assert full == tokenizer(text, add_special_tokens=False)["input_ids"]  # one text, tokenized whole
     head, tail = QWEN3.split("{document}")
     head_ids = tokenizer(head.format(query=query, instruction=template.instruction), add_special_tokens=False)[
         "input_ids"
     ]
     tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
     assert len(cut) == 300 and cut[: len(head_ids)] == head_ids and cut[-len(tail_ids) :] == tail_ids
-    assert len(full) > 300 and full[: len(head_ids)] == head_ids
-    (pair,), (pair_cut_from,) = Template("pair", None).ids(tokenizer, [query], [document], 12)
+    assert cut[: 300 - len(tail_ids)] == full[: 300 - len(tail_ids)]  # the document's first tokens, as rendered
+    with pytest.raises(ValueError, match="a query and the template take"):
+        template.ids(tokenizer, [query], [document], len(head_ids) + len(tail_ids))
+    (pair,), (pair_cut_from,) = RerankTemplate("pair", None).ids(tokenizer, [query], [document], 12)
     assert pair_cut_from == len(tokenizer(query, document)["input_ids"])
     assert len(pair) == 12 and pair[: len(tokenizer(query)["input_ids"])] == tokenizer(query)["input_ids"]
 
@@ -353,3 +360,53 @@ def test_teacher_scores_train_by_distillation_and_calibrate_fits_a_relevance_tem
     after = stable_models.from_pretrained(copy).score.weight.detach()
     assert fitted["nll_after"] <= fitted["nll_before"] + 1e-9
     assert torch.allclose(after, before / fitted["temperature"], atol=1e-6)
+
+
+def test_save_generative_writes_a_causal_lm_whose_log_odds_are_predicts_scores(base, tmp_path, capsys):
+    """--save-generative: OUTPUT/generative loads without remote code as a causal LM (transformers) and as a
+    sentence-transformers CrossEncoder (LogitScore), each giving predict's scores; a qwen3-template reranker."""
+    write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
+    out = tmp_path / "reranker"
+    argv = ["train", "--model", base, "--train", tmp_path / "groups.jsonl", "--output", out, *FAST, "--full"]
+    argv += ["--template", "qwen3", "--instruction", "judge", "--init-from-tokens", "great", "bad", "--save-generative"]
+    assert run(*argv) == 0
+    assert "generative form:" in capsys.readouterr().err
+    documents = ["the film was great", "bad", "a dull plot", "loved loved film"]
+    write(tmp_path / "candidates.jsonl", [{"query": "is it great", "document": d} for d in documents])
+    assert (
+        run("predict", "--model", out, "--data", tmp_path / "candidates.jsonl", "--output", tmp_path / "p.jsonl") == 0
+    )
+    expected = torch.tensor([json.loads(line)["score"] for line in (tmp_path / "p.jsonl").read_text().splitlines()])
+    folder = out / "generative"
+    assert not list(folder.glob("*.py"))  # nothing to trust: no remote code
+    how = json.loads((folder / "reranker.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    lm = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert not lm.config.tie_word_embeddings
+    messages = [[{"role": "query", "content": "is it great"}, {"role": "document", "content": d}] for d in documents]
+    with torch.no_grad():
+        logits = [
+            lm(**tokenizer.apply_chat_template(m, tokenize=True, return_dict=True, return_tensors="pt")).logits[0, -1]
+            for m in messages
+        ]
+    log_odds = torch.stack([row[how["yes_token_id"]] - row[how["no_token_id"]] for row in logits])
+    assert (log_odds - expected).abs().max() <= 1e-4
+    from sentence_transformers import CrossEncoder
+
+    encoder = CrossEncoder(str(folder))
+    scores = torch.tensor(encoder.predict([("is it great", d) for d in documents], activation_fn=torch.nn.Identity()))
+    assert (scores - expected).abs().max() <= 1e-4
+
+
+def test_save_generative_needs_the_tokens_and_ranking(base, tmp_path, capsys):
+    write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
+    argv = ["train", "--model", base, "--train", tmp_path / "groups.jsonl", "--output", tmp_path / "o", *FAST]
+    assert run(*argv, "--save-generative") == 2
+    assert "--save-generative needs --init-from-tokens" in capsys.readouterr().err
+    write(
+        tmp_path / "labels.jsonl",
+        [{"text": "the film was great", "label": "good"}, {"text": "bad", "label": "bad"}] * 4,
+    )
+    argv = ["train", "--model", base, "--train", tmp_path / "labels.jsonl", "--output", tmp_path / "c", *FAST]
+    assert run(*argv, "--save-generative") == 2
+    assert "--save-generative applies to rerankers" in capsys.readouterr().err

@@ -44,7 +44,8 @@ def environment_restored():
 
 
 def verify(folder: str) -> int:
-    """`stable-models verify FOLDER`: one line per code file; exit 0 when all match one release, 1 otherwise."""
+    """`stable-models verify FOLDER`: one line per code file, then one per consumer of the folder (who scores it as
+    predict does, and how); exit 0 when the code files all match one release, 1 otherwise."""
     from ..verify import verify_folder
 
     if not os.path.isdir(folder):
@@ -52,7 +53,20 @@ def verify(folder: str) -> int:
     verdict = verify_folder(folder)
     for line in verdict.lines():
         print(line)
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        print("consumers (who scores this folder as stable-models predict does):")
+        for line in consumer_lines(folder):
+            print(f"  {line}")
     return 0 if verdict.ok else 1
+
+
+def consumer_lines(folder: str) -> list[str]:
+    from ..consumers import folder_table
+
+    try:
+        return [cell.line() for cell in folder_table(folder)]
+    except (OSError, ValueError) as error:  # no tokenizer, or a config transformers cannot read
+        return [f"cannot tell: {str(error).splitlines()[0]}"]
 
 
 def main(argv=None) -> int:

@@ -69,6 +69,12 @@ def ranking_options(t) -> None:
         metavar=("YES", "NO"),
         help="rerankers: start the score head at W_lm[YES] - W_lm[NO], the causal LM's own log-odds",
     )
+    t.add_argument(
+        "--save-generative",
+        action="store_true",
+        help="rerankers trained with --init-from-tokens: also save OUTPUT/generative, a plain causal LM whose "
+        "logit(YES) - logit(NO) is the score (vLLM's classifier_from_token, sentence-transformers' LogitScore)",
+    )
 
 
 # transformers' SchedulerType values that need no extra arguments

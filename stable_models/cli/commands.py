@@ -282,12 +282,13 @@ def train(args) -> int:
         final = best_evaluation(trainer)  # the best checkpoint's, which load_best_model_at_end restored
         if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
             trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
+        def save(model):
+            summary = write_training_outputs(model, tokenizer, output, history, final)
+            task.save_more(args, model, tokenizer, output, job.say)
+            return summary
+
         with zero3_gathered(trainer.model, training):
-            summary = job.on_main(
-                lambda: write_training_outputs(
-                    merged_model(trainer.model, args, load, tokenizer, checkpoints), tokenizer, output, history, final
-                )
-            )
+            summary = job.on_main(lambda: save(merged_model(trainer.model, args, load, tokenizer, checkpoints)))
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
     shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)

@@ -4,6 +4,7 @@ in one micro-batch; evaluated by NDCG, MRR, MAP and Recall over queries beside t
 rank per document out. A reranker is a Stable classifier with one output labelled "score"; its config keeps the
 template its inputs were rendered with, so evaluate, predict and vLLM read the same tokens."""
 
+import json
 import random
 import sys
 from functools import partial
@@ -15,7 +16,15 @@ import torch
 from ..metrics import pair_logits, ranking_metrics
 from .data import column_max, read_table, split_eval
 from .errors import CliError
-from .ranking_data import Template, explode, mine_negatives, ranking_layout, read_groups, tokenized_groups
+from .ranking_data import (
+    explode,
+    mine_negatives,
+    ranking_layout,
+    read_groups,
+    template_ids,
+    template_of,
+    tokenized_groups,
+)
 from .tasks import ModelInputs, Task, TrainingData, refuse_options
 
 SCORE = "score"  # the one label of a reranker (config.id2label)
@@ -51,14 +60,19 @@ class Ranking(Task):
 
     def model_options(self, args, data) -> dict:
         refuse_options(args, ["class_weights", "label_smoothing", "pos_weight", "center_rewards"])
-        Template(args.template or "pair", args.instruction)  # a bad --template stops before the model loads
+        trained_template(args)  # a bad --template stops before the model loads
+        if args.save_generative and (not args.init_from_tokens or args.pooling != "last"):
+            raise CliError(
+                "--save-generative needs --init-from-tokens YES NO and last-token pooling: the score is "
+                "the log-odds of YES over NO at the last position"
+            )
         return super().model_options(args, data)
 
     def describe_model(self, data) -> str:
         return "reranker"
 
     def prepare(self, args, data, tokenizer, say) -> None:
-        template = Template(args.template or "pair", args.instruction)
+        template = trained_template(args)
         loss = loss_kind(args, data)
         say(
             f"[train] query groups ({data.details[0].describe()}), {loss} loss: {template.describe()}",
@@ -68,9 +82,18 @@ class Ranking(Task):
     def prepare_model(self, args, model, tokenizer, say) -> None:
         """--init-from-tokens YES NO: the score head becomes W_lm[YES] - W_lm[NO], so the untrained reranker gives
         the causal LM's own log-odds of YES over NO at the last position (ms-swift's generative reranker, vLLM's
-        from_2_way_softmax). The config keeps the template, so evaluate, predict and vLLM render as training did."""
-        template = Template(args.template or "pair", args.instruction)
-        model.config.reranker_template, model.config.reranker_instruction = template.text, template.instruction
+        from_2_way_softmax). The config keeps the template, and the tokenizer carries it as a chat template, so
+        evaluate, predict, sentence-transformers and vLLM render as training did."""
+        from ..consumers import consumer_table
+        from ..templates import attach_template
+
+        attach_template(model, tokenizer, trained_template(args))
+        for cell in consumer_table(model.config, tokenizer):
+            if cell.ok is False and cell.consumer not in ("transformers, stock class",):
+                say(
+                    f"[train] warning: {cell.consumer} will not score this reranker as trained: {cell.how}",
+                    file=sys.stderr,
+                )
         if args.init_from_tokens:
             yes, no = args.init_from_tokens
             init_score_from_tokens(model, args.model, tokenizer, yes, no, args.gguf_file)
@@ -82,8 +105,29 @@ class Ranking(Task):
             said = "computed once per group" if why is None else f"computed per document: {why}"
             say(f"[train] the tokens a group's documents start with (template head, query): {said}", file=sys.stderr)
 
+    def save_more(self, args, model, tokenizer, output, say) -> None:
+        """--save-generative: OUTPUT/generative, the reranker as a plain causal LM (stable_models.generative)."""
+        if not args.save_generative:
+            return
+        from ..generative import save_generative
+
+        yes, no = args.init_from_tokens
+        head = base_lm_head(args.model, args.gguf_file)
+        how = save_generative(model, tokenizer, output / "generative", yes, no, head)
+        say(
+            f"[train] generative form: {output / 'generative'} (a causal LM: {how['score']}; vLLM: hf_overrides="
+            f"{json.dumps(how['vllm_hf_overrides'])}; sentence-transformers: CrossEncoder(folder))",
+            file=sys.stderr,
+        )
+        if how["bias_not_carried"]:
+            say(
+                f"[train] the generative form has no bias: its scores are {how['bias_not_carried']:+.4g} off "
+                "(the order is the same)",
+                file=sys.stderr,
+            )
+
     def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
-        template = Template(args.template or "pair", args.instruction)
+        template = trained_template(args)
         sets = [tokenized_groups(groups, tokenizer, template, limit) for groups in (data.train, data.eval)]
         tokenizer.model_max_length = max(column_max(s, "longest") for s in sets)
         return tuple(sets)
@@ -167,11 +211,11 @@ class Ranking(Task):
         return ["group", "query", "document", "relevance", "position", "prompt"]
 
     def render(self, spec, tokenizer, args, cuts):
-        template = Template(spec["template"], spec["instruction"])
+        template = template_of(spec["template"], spec["instruction"])
 
         def render(batch):
             prompts = batch.get("prompt")
-            ids, cut_from = template.ids(tokenizer, batch["query"], batch["document"], spec["limit"], prompts)
+            ids, cut_from = template_ids(template, tokenizer, batch["query"], batch["document"], spec["limit"], prompts)
             cuts.add(cut_from, spec["limit"])
             return [ids]
 
@@ -237,6 +281,10 @@ def require_layout(table, args, path):
     return layout
 
 
+def trained_template(args):
+    return template_of(args.template or "pair", args.instruction)
+
+
 def loss_kind(args, data) -> str:
     """--loss, or by default distillation where the file has teacher scores and listwise otherwise."""
     if args.loss:
@@ -260,23 +308,32 @@ def sample_negatives(batch, count: int, rng):
     return out
 
 
-def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_file=None) -> None:
-    """score.weight = W_lm[yes] - W_lm[no] (bias 0), from the causal LM's output embeddings (tied or not)."""
+def causal_lm(folder, gguf_file=None):
     from transformers import AutoModelForCausalLM
 
-    ids = []
-    for token in (yes, no):
-        encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
-        if len(encoded) != 1:
-            raise CliError(
-                f"--init-from-tokens: {token!r} is {len(encoded)} tokens for this tokenizer; give single tokens"
-            )
-        ids.append(encoded[0])
     options = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options)
     except (OSError, ValueError) as error:
         raise CliError(f"--init-from-tokens: {folder} has no causal LM head ({str(error).splitlines()[0]})") from None
+
+
+def base_lm_head(folder, gguf_file=None):
+    """The base causal LM's output embeddings where it does not tie them to its input embeddings, else None."""
+    lm = causal_lm(folder, gguf_file)
+    head, embeddings = lm.get_output_embeddings().weight, lm.get_input_embeddings().weight
+    return None if head.data_ptr() == embeddings.data_ptr() else head.detach().float().clone()
+
+
+def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_file=None) -> None:
+    """score.weight = W_lm[yes] - W_lm[no] (bias 0), from the causal LM's output embeddings (tied or not)."""
+    from ..generative import token_id
+
+    try:
+        ids = [token_id(tokenizer, token) for token in (yes, no)]
+    except ValueError as error:
+        raise CliError(f"--init-from-tokens: {error}") from None
+    lm = causal_lm(folder, gguf_file)
     head = lm.get_output_embeddings().weight.detach().float()
     with torch.no_grad():
         model.score.weight.copy_((head[ids[0]] - head[ids[1]]).reshape(model.score.weight.shape))

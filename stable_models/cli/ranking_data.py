@@ -9,26 +9,18 @@
 - pointwise rows: `query`, `document` and a relevance (`--label-key`, 0/1 or graded 0-3), grouped by `query` or
   `--group-key`.
 
-Each (query, document) becomes token ids through a template (`Template`): the tokenizer's text pair, Qwen3-Reranker's
-instruction format, or the user's own; an over-long input is cut in the document, never in the query or the template.
+Each (query, document) becomes token ids through a template (`stable_models.templates.RerankTemplate`): the tokenizer's
+text pair, Qwen3-Reranker's instruction format, or the user's own; an over-long input is cut in the document, never in
+the query or the template.
 """
 
-import hashlib
 import math
 import sys
 from dataclasses import dataclass
 
+from ..templates import RerankTemplate
 from .data import CHECK_BATCH, MAP_BATCH, no_progress_bars, require_column, workers
 from .errors import CliError
-
-QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
-QWEN3 = (
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
-    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-    "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n"
-    "<think>\n\n</think>\n\n"
-)
-TEMPLATES = {"pair": "pair", "qwen3": QWEN3}  # built-in names; any other --template is a format string
 
 
 @dataclass(frozen=True)
@@ -286,49 +278,12 @@ def explode(groups):
         return groups.map(rows, batched=True, with_indices=True, remove_columns=groups.column_names)
 
 
-class Template:
-    """How a (query, document) becomes token ids: `pair` (the tokenizer's text pair), `qwen3` (Qwen3-Reranker's
-    instruction format) or a format string with {query} and {document} (and optionally {instruction}). The document
-    is what gets cut when an input is longer than `limit`."""
-
-    def __init__(self, text: str, instruction: str | None):
-        self.text = TEMPLATES.get(text, text)
-        if self.text != "pair" and ("{query}" not in self.text or "{document}" not in self.text):
-            raise CliError(f"--template {text!r}: use pair, qwen3, or a format string with {{query}} and {{document}}")
-        self.instruction = instruction if instruction is not None else QWEN3_INSTRUCTION
-
-    def describe(self) -> str:
-        digest = hashlib.sha256(f"{self.text}\0{self.instruction}".encode()).hexdigest()[:12]
-        if self.text == "pair":
-            return f"the tokenizer's text pair (query, document) (sha256 {digest}...)"
-        instruction = f", instruction {self.instruction!r}" if "{instruction}" in self.text else ""
-        return f"template of {len(self.text)} characters{instruction} (sha256 {digest}...)"
-
-    def ids(self, tokenizer, queries, documents, limit: int, prompts=None) -> tuple[list[list[int]], list[int]]:
-        """(token ids of each (query, document) within `limit`, each row's full length where its document was cut
-        (0 elsewhere))."""
-        quiet_about_length(tokenizer)
-        if self.text == "pair":
-            return pair_ids(tokenizer, queries, documents, limit)
-        instructions = [p or self.instruction for p in (prompts or [None] * len(queries))]
-        head, tail = self.text.split("{document}", 1)
-        heads = tokenizer(
-            [head.format(query=q, instruction=i) for q, i in zip(queries, instructions, strict=True)],
-            add_special_tokens=False,
-        )["input_ids"]
-        bodies = tokenizer(list(documents), add_special_tokens=False)["input_ids"]
-        ends = tokenizer(
-            [tail.format(query=q, instruction=i) for q, i in zip(queries, instructions, strict=True)],
-            add_special_tokens=False,
-        )["input_ids"]
-        out, cut_from = [], []
-        for h, b, e in zip(heads, bodies, ends, strict=True):
-            room = limit - len(h) - len(e)
-            if room < 1:
-                raise CliError(f"a query and the template take {len(h) + len(e)} tokens, more than the {limit} allowed")
-            out.append(h + b[:room] + e)
-            cut_from.append(len(h) + len(b) + len(e) if len(b) > room else 0)
-        return out, cut_from
+def template_of(text: str, instruction: str | None) -> RerankTemplate:
+    """The library's `RerankTemplate`, with a bad --template as one line."""
+    try:
+        return RerankTemplate(text, instruction)
+    except ValueError as error:
+        raise CliError(f"--template: {error}") from None
 
 
 def quiet_about_length(tokenizer) -> None:
@@ -338,22 +293,22 @@ def quiet_about_length(tokenizer) -> None:
     tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
-def pair_ids(tokenizer, queries, documents, limit):
-    full = tokenizer(list(queries), list(documents))["input_ids"]
-    cut_from = [len(ids) if len(ids) > limit else 0 for ids in full]
-    if not any(cut_from):
-        return full, cut_from
-    cut = tokenizer(list(queries), list(documents), truncation="only_second", max_length=limit)["input_ids"]
-    return cut, cut_from
+def template_ids(template, tokenizer, queries, documents, limit, prompts=None):
+    """`template.ids`, quiet about lengths, with a query too long for the limit as one line."""
+    quiet_about_length(tokenizer)
+    try:
+        return template.ids(tokenizer, queries, documents, limit, prompts)
+    except ValueError as error:
+        raise CliError(str(error)) from None
 
 
-def tokenize_groups(batch, tokenizer, template: Template, limit: int):
+def tokenize_groups(batch, tokenizer, template: RerankTemplate, limit: int):
     """One `map` batch of groups as token ids per document, their total length (for the evaluation cadence) and
     the longest document."""
     queries = [q for q, docs in zip(batch["query"], batch["documents"], strict=True) for _ in docs]
     prompts = [p for p, docs in zip(batch["prompt"], batch["documents"], strict=True) for _ in docs]
     documents = [d for docs in batch["documents"] for d in docs]
-    flat, _ = template.ids(tokenizer, queries, documents, limit, prompts)
+    flat, _ = template_ids(template, tokenizer, queries, documents, limit, prompts)
     out, start = {"input_ids": [], "length": [], "longest": []}, 0
     for docs in batch["documents"]:
         ids = flat[start : start + len(docs)]
@@ -364,7 +319,7 @@ def tokenize_groups(batch, tokenizer, template: Template, limit: int):
     return out
 
 
-def tokenized_groups(groups, tokenizer, template: Template, limit: int):
+def tokenized_groups(groups, tokenizer, template: RerankTemplate, limit: int):
     return groups.map(
         tokenize_groups,
         batched=True,

@@ -73,8 +73,18 @@ LOSS_OPTIONS = {
     "instruction": "--instruction applies to rerankers (--task ranking)",
     "init_from_tokens": "--init-from-tokens applies to rerankers (--task ranking)",
     "mine_negatives": "--mine-negatives applies to rerankers (--task ranking)",
+    "save_generative": "--save-generative applies to rerankers (--task ranking)",
 }
-RANKING_OPTIONS = ["loss", "temperature", "negatives", "template", "instruction", "init_from_tokens", "mine_negatives"]
+RANKING_OPTIONS = [
+    "loss",
+    "temperature",
+    "negatives",
+    "template",
+    "instruction",
+    "init_from_tokens",
+    "mine_negatives",
+    "save_generative",
+]
 
 
 def refuse_options(args, names) -> None:
@@ -141,6 +151,9 @@ class Task:
 
     def tokenize(self, args, tokenizer, limit: int, data: TrainingData, say) -> tuple:
         raise NotImplementedError
+
+    def save_more(self, args, model, tokenizer, output, say) -> None:
+        """After the model is saved (rank 0): other forms of it the options ask for (a reranker's generative form)."""
 
     def training_set(self, args, train_set):
         """The training table as the Trainer draws from it (a reranker samples negatives anew each epoch)."""
