@@ -144,10 +144,13 @@ def vllm_cells(kind, template, added) -> list[Cell]:
 
 
 def folder_table(folder) -> list[Cell]:
-    """consumer_table for a saved folder (its config.json and tokenizer)."""
+    """consumer_table for a saved folder (its config.json and tokenizer; an adapter folder's stable_config.json)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    return consumer_table(AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder))
+    from .adapters import adapter_config, is_adapter_folder
+
+    config = adapter_config(folder)[1] if is_adapter_folder(folder) else AutoConfig.from_pretrained(folder)
+    return consumer_table(config, AutoTokenizer.from_pretrained(folder))
 
 
 def markdown(rows: dict) -> str:

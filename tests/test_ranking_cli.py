@@ -410,3 +410,64 @@ def test_save_generative_needs_the_tokens_and_ranking(base, tmp_path, capsys):
     argv = ["train", "--model", base, "--train", tmp_path / "labels.jsonl", "--output", tmp_path / "c", *FAST]
     assert run(*argv, "--save-generative") == 2
     assert "--save-generative applies to rerankers" in capsys.readouterr().err
+
+
+def test_save_adapter_keeps_the_lora_unmerged_and_every_command_takes_the_folder(base, tmp_path, capsys):
+    """--save-adapter: a peft adapter on the base (the LoRA, `score` in modules_to_save) plus the classifier's
+    config; peft onto the Stable class gives predict's scores, which equal a merged run's; evaluate and verify read
+    it; --calibrate and the vLLM engine refuse it with one line."""
+    from peft import PeftModel
+
+    from stable_models.adapters import adapter_config
+
+    write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
+    common = ["train", "--model", base, "--train", tmp_path / "groups.jsonl", *FAST, "--template", "qwen3"]
+    assert run(*common, "--output", tmp_path / "merged") == 0
+    assert run(*common, "--output", tmp_path / "adapter", "--save-adapter") == 0
+    folder = tmp_path / "adapter"
+    settings = json.loads((folder / "adapter_config.json").read_text())
+    assert settings["base_model_name_or_path"] == str(base) and "score" in settings["modules_to_save"]
+    assert not (folder / "model.safetensors").exists() and not list(folder.glob("*.py"))
+    documents = ["the film was great", "bad", "a dull plot"]
+    write(tmp_path / "c.jsonl", [{"query": "is it great", "document": d} for d in documents])
+    scores = {}
+    for name in ("merged", "adapter"):
+        assert (
+            run(
+                "predict",
+                "--model",
+                tmp_path / name,
+                "--data",
+                tmp_path / "c.jsonl",
+                "--output",
+                tmp_path / f"{name}.jsonl",
+            )
+            == 0
+        )
+        scores[name] = torch.tensor(
+            [json.loads(x)["score"] for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        )
+    assert (scores["adapter"] - scores["merged"]).abs().max() <= 1e-4
+    _, config = adapter_config(folder)  # peft, as a user loads it: the Stable class on the base, then the adapter
+    model = PeftModel.from_pretrained(stable_models.from_pretrained(base, config=config), folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    messages = [[{"role": "query", "content": "is it great"}, {"role": "document", "content": d}] for d in documents]
+    with torch.no_grad():
+        got = torch.cat(
+            [
+                model(**tokenizer.apply_chat_template(m, tokenize=True, return_dict=True, return_tensors="pt")).logits[
+                    :, 0
+                ]
+                for m in messages
+            ]
+        )
+    assert (got - scores["adapter"]).abs().max() <= 1e-4
+    write(tmp_path / "test.jsonl", layout_rows("flag", groups(16)[12:]))
+    assert run("evaluate", "--model", folder, "--data", tmp_path / "test.jsonl") == 0
+    assert run("verify", folder) == 0
+    assert "consumers" in capsys.readouterr().out
+    assert run("evaluate", "--model", folder, "--data", tmp_path / "test.jsonl", "--calibrate") == 2
+    assert "is an adapter: merge it first" in capsys.readouterr().err
+    argv = ["predict", "--model", folder, "--data", tmp_path / "c.jsonl", "--output", tmp_path / "v.jsonl"]
+    assert run(*argv, "--engine", "vllm") == 2
+    assert "--enable-lora" in capsys.readouterr().err

@@ -53,7 +53,16 @@ def verify(folder: str) -> int:
     verdict = verify_folder(folder)
     for line in verdict.lines():
         print(line)
-    if os.path.isfile(os.path.join(folder, "config.json")):
+    from ..adapters import adapter_config, is_adapter_folder
+
+    if is_adapter_folder(folder):
+        base = adapter_config(folder)[0] if os.path.isfile(os.path.join(folder, "stable_config.json")) else "?"
+        print(
+            f"a peft adapter on {base}: peft applies it to the Stable class built with its stable_config.json "
+            "(stable_models.adapters.load_adapter_folder); vLLM serves it on the base as a LoRA module "
+            "(--enable-lora --lora-modules NAME=FOLDER); the consumers below read the adapted model"
+        )
+    if any(os.path.isfile(os.path.join(folder, name)) for name in ("config.json", "stable_config.json")):
         print("consumers (who scores this folder as stable-models predict does):")
         for line in consumer_lines(folder):
             print(f"  {line}")

@@ -125,6 +125,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     t.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     t.add_argument("--qlora", action="store_true", help="4-bit base weights with LoRA (needs bitsandbytes)")
+    t.add_argument(
+        "--save-adapter",
+        action="store_true",
+        help="keep the LoRA unmerged: OUTPUT is a peft adapter on --model (score in modules_to_save), for "
+        "multi-adapter serving; predict, evaluate and verify take it",
+    )
     t.add_argument("--lora-r", type=int, default=16, help="LoRA rank (alpha = 2 x rank) on every decoder linear")
     t.add_argument(
         "--lora-target", help="comma-separated module names for LoRA (default: every linear in the decoder layers)"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..adapters import adapter_config, is_adapter_folder, load_adapter_folder, save_adapter
 from .data import CutCount, read_table
 from .distributed import Job, output_lock, refuse_if_locked
 from .errors import CliError
@@ -46,7 +47,7 @@ def check_model_path(model: str, gguf_file: str | None) -> None:
         raise CliError(f"--model {model} is a GGUF file: pass its folder as --model and the name as --gguf-file")
     if path.exists() and not path.is_dir():
         raise CliError(f"--model {model}: not a checkpoint folder")
-    if path.is_dir():
+    if path.is_dir() and not (path / "adapter_config.json").is_file():
         wanted = path / gguf_file if gguf_file else path / "config.json"
         if not wanted.is_file():
             raise CliError(
@@ -70,6 +71,11 @@ def classifier_config(model: str):
     check_model_path(model, None)
     if not Path(model).is_dir():
         raise CliError(f"--model {model}: no such folder")
+    if is_adapter_folder(model):  # train --save-adapter: the classifier's config beside the peft adapter
+        try:
+            return adapter_config(model)[1]
+        except (OSError, ValueError, KeyError) as error:
+            raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
     config = json.loads((Path(model) / "config.json").read_text())
     classes = config.get("architectures") or []
     if "AutoModelForSequenceClassification" not in (config.get("auto_map") or {}) and not any(
@@ -96,11 +102,13 @@ def classifier_config_and_tokenizer(model: str):
 
 
 def load_classifier(model: str, device=None):
-    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU)."""
+    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU); an adapter folder's base with
+    the adapter merged."""
     from ..registry import from_pretrained
 
+    load = load_adapter_folder if is_adapter_folder(model) else from_pretrained
     try:
-        classifier = from_pretrained(model, dtype=torch.float32)
+        classifier = load(model, dtype=torch.float32)
     except (OSError, ValueError, TypeError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
     return classifier.to(device or "cpu").eval()
@@ -216,9 +224,11 @@ def loading_options(args, data: TrainingData) -> dict:
 
 
 def write_training_outputs(model, tokenizer, output: Path, history: list, final: dict) -> dict:
-    """The model, its tokenizer, the training log and the final eval metrics (returned without the eval_ prefix)."""
-    model.save_pretrained(output)
-    tokenizer.save_pretrained(output)
+    """The model, its tokenizer (where given), the training log and the final eval metrics (returned without the eval_
+    prefix)."""
+    if model is not None:
+        model.save_pretrained(output)
+        tokenizer.save_pretrained(output)
     (output / "training_log.json").write_text(json.dumps(history, indent=1))
     summary = {k.removeprefix("eval_"): v for k, v in final.items() if isinstance(v, (int, float))}
     (output / "eval_metrics.json").write_text(json.dumps(summary, indent=1))
@@ -235,6 +245,8 @@ def train(args) -> int:
     job.on_main(lambda: check_output_dir(output, args.overwrite, args.resume))
     if args.full and args.qlora:
         raise CliError("--full and --qlora exclude each other")
+    if args.save_adapter and (args.full or getattr(args, "save_generative", False)):
+        raise CliError("--save-adapter keeps the LoRA unmerged: --full trains no adapter, --save-generative merges it")
     check_model_path(args.model, args.gguf_file)
     data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
     task = data.task
@@ -282,13 +294,23 @@ def train(args) -> int:
         final = best_evaluation(trainer)  # the best checkpoint's, which load_best_model_at_end restored
         if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
             trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
+
         def save(model):
+            if args.save_adapter:  # the LoRA and the head as a peft adapter on the base, unmerged
+                save_adapter(model, tokenizer, output, args.gguf_file)
+                return write_training_outputs(None, None, output, history, final)
             summary = write_training_outputs(model, tokenizer, output, history, final)
             task.save_more(args, model, tokenizer, output, job.say)
             return summary
 
         with zero3_gathered(trainer.model, training):
-            summary = job.on_main(lambda: save(merged_model(trainer.model, args, load, tokenizer, checkpoints)))
+            summary = job.on_main(
+                lambda: save(
+                    trainer.model
+                    if args.save_adapter
+                    else merged_model(trainer.model, args, load, tokenizer, checkpoints)
+                )
+            )
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
     shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
@@ -308,6 +330,8 @@ def evaluate(args) -> int:
     saves the calibrated model in place."""
     job = Job()
     config, tokenizer = classifier_config_and_tokenizer(args.model)
+    if args.calibrate and is_adapter_folder(args.model):
+        raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
     task = for_model(config)
     task.check_options(args, config, "evaluate")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
@@ -346,6 +370,10 @@ def predict(args) -> int:
     if args.engine == "vllm" and job.world > 1:
         raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
     config, tokenizer = classifier_config_and_tokenizer(args.model)
+    if args.engine == "vllm" and is_adapter_folder(args.model):
+        raise CliError(
+            f"--engine vllm: {args.model} is an adapter; serve its base with --enable-lora --lora-modules NAME=FOLDER"
+        )
     task = for_model(config)
     task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))

@@ -133,3 +133,56 @@ def test_the_vllm_server_holds_what_the_consumer_table_says(row, tmp_path):
         assert (got - expected).abs().max() <= TOLERANCE, (cell.line(), got, expected)
     else:
         assert (got - expected).abs().max() > 1e-3, cell.line()
+
+
+def test_vllm_serves_several_adapters_on_one_base_with_each_ones_predict_scores(tmp_path):
+    """train --save-adapter's folders (saved here by the same `save_adapter`): two LoRA rerankers whose `score` is in
+    modules_to_save, on one causal-LM base; vLLM (--enable-lora) gives each request its adapter's predict scores."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from vllm.lora.request import LoRARequest
+
+    import stable_models
+    from stable_models.adapters import save_adapter
+
+    row = next(r for r in ROWS if r.kind == "reranker" and r.template == "pair" and not r.chat_template)
+    model, tokenizer = build(row, tmp_path / "classifier")
+    keep = {k: v for k, v in model.config.to_dict().items() if k not in ("auto_map", "architectures", "id2label")}
+    keep = {k: v for k, v in keep.items() if k not in ("label2id", "reranker_template", "reranker_instruction")}
+    AutoModelForCausalLM.from_config(model.config.__class__.from_dict(keep)).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    expected = []
+    for k in range(2):
+        torch.manual_seed(k + 1)
+        stable = stable_models.from_pretrained(str(tmp_path / "base"), num_labels=1, id2label={0: "score"})
+        stable.config.reranker_template, stable.config.reranker_instruction = "pair", ""
+        adapted = get_peft_model(stable, LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["q_proj"]))
+        with torch.no_grad():  # a trained adapter: LoRA B and the head away from their starting values
+            for name, parameter in adapted.named_parameters():
+                if "lora_B" in name or ("modules_to_save" in name and "score" in name):
+                    parameter.normal_(0, 0.5)
+        save_adapter(adapted, tokenizer, tmp_path / f"adapter{k}")
+        (tmp_path / f"scores{k}").mkdir()
+        expected.append(activated(row, predict(tmp_path / f"adapter{k}", row, tmp_path / f"scores{k}")))
+    assert (expected[0] - expected[1]).abs().max() > 1e-2  # two adapters, two scorings
+    name = type(stable).__name__.removeprefix("Stable")
+    llm = LLM(
+        model=str(tmp_path / "base"),
+        runner="pooling",
+        hf_overrides={"architectures": [name], "num_labels": 1},
+        enable_lora=True,
+        max_lora_rank=8,
+        max_loras=2,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=MAX_LEN,
+        seed=0,
+    )
+    try:
+        for k in range(2):
+            request = LoRARequest(f"adapter{k}", k + 1, str(tmp_path / f"adapter{k}"))
+            got = torch.tensor([o.outputs.score for o in llm.score(QUERY, documents(), lora_request=request)])
+            assert (got.double() - expected[k]).abs().max() <= TOLERANCE, k
+    finally:
+        del llm
+        cleanup_dist_env_and_memory()
