@@ -409,7 +409,7 @@ def test_save_generative_needs_the_tokens_and_ranking(base, tmp_path, capsys):
     )
     argv = ["train", "--model", base, "--train", tmp_path / "labels.jsonl", "--output", tmp_path / "c", *FAST]
     assert run(*argv, "--save-generative") == 2
-    assert "--save-generative applies to rerankers" in capsys.readouterr().err
+    assert "--save-generative is read for rerankers in train, not for classifiers" in capsys.readouterr().err
 
 
 def test_save_adapter_keeps_the_lora_unmerged_and_every_command_takes_the_folder(base, tmp_path, capsys):

@@ -262,6 +262,9 @@ def parse(argv) -> argparse.Namespace:
             raise CliError(f"--config {args.config}: unknown options {unknown}; known: {sorted(known)}")
         sub.set_defaults(**options)
         args = top.parse_args(argv)
+    # the options set on the command line or in --config (a value equal to the parser's default changes nothing)
+    fresh = parser()._subparsers._group_actions[0].choices[args.command]
+    args.given = {a.dest for a in fresh._actions if a.dest != "help" and getattr(args, a.dest, None) != a.default}
     missing = [name for name in REQUIRED[args.command] if getattr(args, name) in (None, "")]
     if missing:
         raise CliError(f"{args.command} needs " + ", ".join("--" + m.replace("_", "-") for m in missing))

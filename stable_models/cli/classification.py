@@ -24,13 +24,19 @@ from .data import (
     tokenize_cutting,
 )
 from .errors import CliError
-from .tasks import RANKING_OPTIONS, ModelInputs, Task, TrainingData, refuse_options
+from .tasks import ModelInputs, Task, TrainingData, refuse_options
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 
 
 class Classification(Task):
     name = "classification"
+    kind = "classifiers"
+    reads = {
+        "train": {"text_key", "text_pair_key", "label_key", "class_weights", "label_smoothing", "pos_weight"},
+        "evaluate": {"text_key", "text_pair_key", "label_key"},
+        "predict": {"text_key", "text_pair_key"},
+    }
     summary_keys = ("accuracy", "f1_macro", "mse", "loss", "ece")
 
     def claims(self, table) -> bool:
@@ -74,7 +80,6 @@ class Classification(Task):
         return ("mse", False) if data.problem_type == REGRESSION else ("f1_macro", True)
 
     def model_options(self, args, data: TrainingData) -> dict:
-        refuse_options(args, ["center_rewards", *RANKING_OPTIONS])
         options = super().model_options(args, data)
         if args.class_weights:
             if data.problem_type != SINGLE:
@@ -128,8 +133,6 @@ class Classification(Task):
     def check_options(self, args, config, command) -> None:
         if command == "evaluate" and args.calibrate and self.problem_type(config) == REGRESSION:
             raise CliError("--calibrate applies to classification; this model is a regression")
-        if command == "predict" and args.group_key:
-            raise CliError("--group-key ranks the responses of a reward model; this model is a classifier")
 
     def scoring_input(self, args, table, config, tokenizer, command, say):
         if command == "predict":

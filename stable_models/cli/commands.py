@@ -26,7 +26,7 @@ from .fine_tuning import (
 )
 from .outputs import PredictionWriter, write_evaluation
 from .sharded_scores import gathered_scores, scored_batches, torch_engine
-from .tasks import TrainingData, for_model, for_training, length_limit
+from .tasks import TrainingData, for_model, for_training, length_limit, refuse_unread
 
 
 def fast_dtype() -> str:
@@ -250,6 +250,7 @@ def train(args) -> int:
     check_model_path(args.model, args.gguf_file)
     data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
     task = data.task
+    refuse_unread(args, task, "train")
     transformers.set_seed(args.seed)
     dtype = fast_dtype() if args.dtype == "auto" else args.dtype
     load = loading_options(args, data)
@@ -333,6 +334,7 @@ def evaluate(args) -> int:
     if args.calibrate and is_adapter_folder(args.model):
         raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
     task = for_model(config)
+    refuse_unread(args, task, "evaluate")
     task.check_options(args, config, "evaluate")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
     spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "evaluate", job.say))
@@ -375,6 +377,7 @@ def predict(args) -> int:
             f"--engine vllm: {args.model} is an adapter; serve its base with --enable-lora --lora-modules NAME=FOLDER"
         )
     task = for_model(config)
+    refuse_unread(args, task, "predict")
     task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
     spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "predict", job.say))

@@ -21,7 +21,7 @@ from .preference_data import (
     response_layout,
     template_summary,
 )
-from .tasks import RANKING_OPTIONS, ModelInputs, Task, TrainingData, refuse_options
+from .tasks import ModelInputs, Task, TrainingData
 
 REWARD = "reward"  # the one label of a reward model (config.id2label)
 PAIR_SCORES = ["reward_chosen", "reward_rejected", "preferred", "probability_chosen"]
@@ -29,7 +29,9 @@ PAIR_SCORES = ["reward_chosen", "reward_rejected", "preferred", "probability_cho
 
 class Preference(Task):
     name = "preference"
+    kind = "reward models"
     noun = "pairs"
+    reads = {"train": {"center_rewards"}, "predict": {"text_key", "group_key", "top_k"}}
     summary_keys = ("accuracy", "margin_mean", "loss", "ece")
 
     def claims(self, table) -> bool:
@@ -50,10 +52,6 @@ class Preference(Task):
             layouts.append(layouts[0])
         # a reward: one unbounded output
         return TrainingData(self, table, eval_table, "regression", [REWARD], tuple(layouts))
-
-    def model_options(self, args, data) -> dict:
-        refuse_options(args, ["class_weights", "label_smoothing", "pos_weight", *RANKING_OPTIONS])
-        return super().model_options(args, data)
 
     def describe_model(self, data) -> str:
         return "reward"

@@ -25,7 +25,7 @@ from .ranking_data import (
     template_of,
     tokenized_groups,
 )
-from .tasks import ModelInputs, Task, TrainingData, refuse_options
+from .tasks import ModelInputs, Task, TrainingData
 
 SCORE = "score"  # the one label of a reranker (config.id2label)
 METRIC_KEYS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@1", "recall@5", "recall@10")
@@ -33,7 +33,25 @@ METRIC_KEYS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@1", "reca
 
 class Ranking(Task):
     name = "ranking"
+    kind = "rerankers"
     noun = "query groups"
+    reads = {
+        "train": {
+            "label_key",
+            "group_key",
+            "loss",
+            "temperature",
+            "negatives",
+            "template",
+            "instruction",
+            "mine_negatives",
+            "corpus",
+            "init_from_tokens",
+            "save_generative",
+        },
+        "evaluate": {"label_key", "group_key"},
+        "predict": {"group_key", "top_k"},
+    }
     summary_keys = ("ndcg@10", "mrr@10", "map", "loss")
 
     def claims(self, table) -> bool:
@@ -59,7 +77,6 @@ class Ranking(Task):
         return TrainingData(self, groups, eval_groups, "regression", [SCORE], (layout,))
 
     def model_options(self, args, data) -> dict:
-        refuse_options(args, ["class_weights", "label_smoothing", "pos_weight", "center_rewards"])
         trained_template(args)  # a bad --template stops before the model loads
         if args.save_generative and (not args.init_from_tokens or args.pooling != "last"):
             raise CliError(

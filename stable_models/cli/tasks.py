@@ -60,38 +60,52 @@ class TrainingData:
         return {name: i for i, name in enumerate(self.names)}
 
 
-# options of the loss that only some tasks take, with the refusal where they do not apply
-LOSS_OPTIONS = {
+# what a problem type of classification refuses among the options the classification task reads
+PROBLEM_OPTIONS = {
     "class_weights": "--class-weights applies to single-label classification",
     "label_smoothing": "--label-smoothing applies to single-label classification",
     "pos_weight": "--pos-weight applies to multi-label classification",
-    "center_rewards": "--center-rewards applies to reward models (preference data)",
-    "loss": "--loss applies to rerankers (--task ranking)",
-    "temperature": "--temperature applies to rerankers (--task ranking)",
-    "negatives": "--negatives applies to rerankers (--task ranking)",
-    "template": "--template applies to rerankers (--task ranking)",
-    "instruction": "--instruction applies to rerankers (--task ranking)",
-    "init_from_tokens": "--init-from-tokens applies to rerankers (--task ranking)",
-    "mine_negatives": "--mine-negatives applies to rerankers (--task ranking)",
-    "save_generative": "--save-generative applies to rerankers (--task ranking)",
 }
-RANKING_OPTIONS = [
-    "loss",
-    "temperature",
-    "negatives",
-    "template",
-    "instruction",
-    "init_from_tokens",
-    "mine_negatives",
-    "save_generative",
-]
 
 
 def refuse_options(args, names) -> None:
-    """A one-line error for the first of `names` (LOSS_OPTIONS) that the command line set."""
+    """A one-line error for the first of `names` (PROBLEM_OPTIONS) that the command line set."""
     for name in names:
         if getattr(args, name, None):
-            raise CliError(LOSS_OPTIONS[name])
+            raise CliError(PROBLEM_OPTIONS[name])
+
+
+# the options every task reads (or the command itself), per command: with the tasks' `reads`, every option of the
+# parsers (tests/test_cli.py checks that none is in neither)
+COMMON_OPTIONS = {
+    "train": {
+        "config", "model", "gguf_file", "train", "encoding", "verbose", "eval", "eval_fraction", "output", "overwrite",
+        "resume", "keep_checkpoints", "epochs", "max_steps", "full", "qlora", "save_adapter", "lora_r", "lora_target",
+        "lora_dropout", "attn_implementation", "deepspeed", "fsdp", "gradient_checkpointing", "weight_decay",
+        "warmup_ratio", "scheduler", "lr", "batch_size", "grad_accum", "max_length", "dtype", "pooling", "no_packing",
+        "eval_steps", "early_stopping", "seed", "report_to", "run_name", "task",
+    },
+    "evaluate": {"config", "model", "data", "encoding", "verbose", "calibrate", "report_dir", "batch_size"},
+    "predict": {
+        "config", "model", "data", "encoding", "verbose", "output", "overwrite", "batch_size", "engine",
+        "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "vllm_dtype",
+    },
+}  # fmt: skip
+
+
+def task_options(command: str) -> set:
+    """The options of `command` that some task reads and another does not: the union of the tasks' `reads`."""
+    return {dest for task in map(task_named, TASKS) for dest in task.reads.get(command, ())}
+
+
+def refuse_unread(args, task: "Task", command: str) -> None:
+    """One line for the first option the user gave that this run's task does not read (`Task.reads`), naming the
+    tasks that do: the one place where every command refuses a flag that would be ignored."""
+    for dest in sorted(getattr(args, "given", ())):
+        if dest in task_options(command) and dest not in task.reads.get(command, ()):
+            readers = [t.kind for t in map(task_named, TASKS) if dest in t.reads.get(command, ())]
+            flag = "--" + dest.replace("_", "-")
+            raise CliError(f"{flag} is read for {' and '.join(readers)} in {command}, not for {task.kind}: drop it")
 
 
 class ModelInputs:
@@ -117,7 +131,11 @@ class Task:
     """
 
     name = ""
+    kind = ""  # what its models are, in messages ("classifiers")
     noun = "examples"  # what one training row is, in messages
+    # {command: the options this task reads among those only some tasks read}; any other of those is refused
+    # (refuse_unread). Options every task reads (--model, --batch-size, ...) are in no task's list.
+    reads: dict = {}
     summary_keys = ("loss",)  # the final eval metrics train prints
 
     # --- choosing the task

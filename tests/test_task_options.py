@@ -1,0 +1,97 @@
+"""A task declares the options it reads (`Task.reads`); any other option that only some task reads is refused with
+one line and exit 2, in one place for every command (`tasks.refuse_unread`). The table is built from the parsers, so
+a new flag that no list names fails here."""
+
+import argparse
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from stable_models import cli
+from stable_models.cli import arguments
+from stable_models.cli.errors import CliError
+from stable_models.cli.tasks import COMMON_OPTIONS, TASKS, refuse_unread, task_named, task_options
+
+COMMANDS = ("train", "evaluate", "predict")
+
+
+def parser_options(command):
+    top = arguments.parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return {a.dest for a in sub._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_of_the_parsers_is_common_or_read_by_some_task(command):
+    options = parser_options(command)
+    assert options == COMMON_OPTIONS[command] | task_options(command), (
+        "classify each new option: tasks.COMMON_OPTIONS, or the `reads` of the tasks that read it"
+    )
+    assert not COMMON_OPTIONS[command] & task_options(command)
+
+
+TABLE = [(c, t, o) for c in COMMANDS for t in TASKS for o in sorted(task_options(c))]
+
+
+@pytest.mark.parametrize("command, task_name, option", TABLE, ids=["-".join(row) for row in TABLE])
+def test_an_option_the_task_does_not_read_is_refused_and_one_it_reads_is_not(command, task_name, option):
+    task = task_named(task_name)
+    args = SimpleNamespace(given={option, *COMMON_OPTIONS[command]})
+    if option in task.reads.get(command, ()):
+        refuse_unread(args, task, command)
+        return
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(CliError, match=f"^{flag} is read for .* in {command}, not for {task.kind}: drop it$"):
+        refuse_unread(args, task, command)
+
+
+def test_a_value_equal_to_the_default_is_not_given():
+    args = arguments.parse(["predict", "--model", "m", "--data", "d", "--output", "o.jsonl", "--text-key", "text"])
+    assert "text_key" not in args.given and {"model", "data", "output"} <= args.given
+
+
+def classifier(tmp_path):
+    from test_doctor import save_checkpoint
+    from tiny_tokenizers import qwen2_like
+
+    from stable_models import StableQwen2ForSequenceClassification
+
+    folder = save_checkpoint(tmp_path / "base", "qwen2", qwen2_like())
+    model = StableQwen2ForSequenceClassification.from_pretrained(folder, num_labels=2)
+    model.config.id2label, model.config.label2id = {0: "bad", 1: "good"}, {"bad": 0, "good": 1}
+    model.save_pretrained(tmp_path / "clf")
+    qwen2_like().save_pretrained(tmp_path / "clf")
+    return folder, tmp_path / "clf"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--top-k", "1"], ["--group-key", "text"]],
+    ids=["top-k", "group-key"],
+)
+def test_predict_on_a_classifier_refuses_the_ranking_flags_with_one_line(tmp_path, capsys, extra):
+    _, folder = classifier(tmp_path)
+    capsys.readouterr()  # saving's progress bars
+    data = tmp_path / "new.jsonl"
+    data.write_text(json.dumps({"text": "the film was great"}) + "\n")
+    argv = ["predict", "--model", folder, "--data", data, "--output", tmp_path / "p.jsonl", *extra]
+    assert cli.main([str(a) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{extra[0]} is read for" in err and "not for classifiers" in err
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_train_of_a_classifier_refuses_corpus_and_group_key(tmp_path, capsys):
+    base, _ = classifier(tmp_path)
+    capsys.readouterr()
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": t, "label": t.split()[-1]}) + "\n" for t in ["it was great", "bad"] * 4)
+    )
+    argv = ["train", "--model", base, "--train", data, "--output", tmp_path / "out", "--max-steps", "1"]
+    for extra in (["--corpus", str(data)], ["--group-key", "text"], ["--template", "qwen3"], ["--loss", "ranknet"]):
+        assert cli.main([str(a) for a in argv + extra]) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"{extra[0]} is read for rerankers in train, not for classifiers: drop it\n"), err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
