@@ -117,8 +117,8 @@ def rendered(tokenizer, row: Row, long=False) -> list[list[int]]:
     ]
 
 
-def messages(document):
-    return [{"role": "query", "content": QUERY}, {"role": "document", "content": document}]
+def messages(document, query=QUERY):
+    return [{"role": "query", "content": query}, {"role": "document", "content": document}]
 
 
 def as_predicted(row: Row, logits: torch.Tensor) -> torch.Tensor:

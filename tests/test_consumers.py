@@ -211,3 +211,34 @@ def test_the_table_has_a_cell_per_consumer_for_each_kind(tmp_path):
         cells = consumer_table(model.config, tokenizer)
         assert [c.consumer for c in cells] == list(COLUMNS)
         assert (cells[3].ok is None) == (row.kind != "reranker")
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "qwen3",
+        'Q «{query}» {{literal}} "quoted" \\ {instruction}\n{document} {{% raw %}} {{{{ x }}}}\tend',
+        "{document}\nasked: {query}",
+    ],
+    ids=["qwen3", "escapes", "document-first"],
+)
+def test_the_chat_template_renders_every_template_text_as_render_does(template):
+    """Quotes, braces, backslashes, tabs, non-ASCII and Jinja syntax in a template's text reach the chat template's
+    output unchanged; a conversation without the two roles goes to the tokenizer's own template."""
+    from tiny_tokenizers import qwen2_like
+
+    from stable_models.templates import RerankTemplate
+
+    tokenizer = qwen2_like()
+    rendering = RerankTemplate(template, "find {it}")
+    chat = rendering.chat_template(original="{{ 'own: ' + messages[0]['content'] }}")
+    tokenizer.chat_template = chat
+    query, document = 'a "q" {x}', "d\\oc «é»"
+    assert (
+        tokenizer.apply_chat_template(messages(document, query), tokenize=False) == rendering.render(query, document)[0]
+    )
+    other = rendering.render(query, document, instruction="per row")[0]
+    assert tokenizer.apply_chat_template(messages(document, query), tokenize=False, instruction="per row") == other
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "own: hi"
+    again = RerankTemplate("{query} {document}", "").chat_template(original=chat)  # retrained from this folder
+    assert "own: " in again and again.count("stable_models reranker template") == 1
