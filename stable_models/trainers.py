@@ -7,6 +7,7 @@ over them, and passes it to the forward as `label_weight_total`: the micro-batch
 `F.cross_entropy(weight=class_weights, label_smoothing=...)` on the one big batch. Everything else is Trainer's.
 
 `PairwiseTrainer` is the same for reward models: the Bradley-Terry loss on pairs, with margins and centering.
+`RankingTrainer` for rerankers: `ranking_loss` over query groups, divided by the groups of the whole batch.
 """
 
 import functools

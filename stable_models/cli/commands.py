@@ -1,6 +1,7 @@
 """`stable-models train | evaluate | predict`: each command is one sequence of named steps that asks the task
-(tasks.py: classification, preference) what differs, and never branches on the task's name. data.py reads and checks
-files, fine_tuning.py builds the model, adapters and Trainer, scoring.py scores rows, outputs.py writes results.
+(tasks.py: classification, preference, ranking) what differs, and never branches on the task's name. data.py reads and
+checks files, fine_tuning.py builds the model, adapters and Trainer, sharded_scores.py scores rows, outputs.py writes
+results.
 """
 
 import json

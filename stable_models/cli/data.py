@@ -14,7 +14,6 @@ from pathlib import Path
 from ..labels import encode_labels, refuse_unseen
 from .errors import CliError
 
-PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 CHECK_BATCH = 65_536  # rows per Arrow batch in the checks: vectorized, and flat in memory

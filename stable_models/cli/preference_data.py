@@ -11,7 +11,6 @@ same tokens: texts are `prompt + response`, with the tokenizer's eos appended un
 conversations are `prompt + response` messages through the tokenizer's chat template, applied once.
 """
 
-import json
 from dataclasses import dataclass
 
 from .data import CHECK_BATCH, arrow_batches, first_true, not_finite, require_column
@@ -247,8 +246,3 @@ def response_layout(table, text_key, path) -> tuple[str, bool, bool]:
     if prompt and is_messages(schema.field("prompt").type) != conversational:
         raise CliError(f"{path}: 'prompt' and {key!r} mix texts and conversations; make them one kind")
     return key, conversational, prompt
-
-
-def shown(value) -> str:
-    """A response as predict writes it: the text, or the conversation as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

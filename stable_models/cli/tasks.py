@@ -1,8 +1,9 @@
 """The tasks of `stable-models train / evaluate / predict`, and the steps each one implements.
 
-A task is one module of this package (`classification`, `preference`) defining `TASK`, an instance of a `Task`
-subclass. The commands choose the task once (`for_training` from the file's columns or `--task`; `for_model` from a
-saved model's config) and then ask it the same questions in the same order; they never branch on a task's name.
+A task is one module of this package (`classification`, `preference`, `ranking`) defining `TASK`, an instance of a
+`Task` subclass. The commands choose the task once (`for_training` from the file's columns or `--task`; `for_model`
+from a saved model's config) and then ask it the same questions in the same order; they never branch on a task's
+name.
 docs/development.md ("Adding a task") walks through a new one.
 """
 
@@ -109,7 +110,8 @@ def refuse_unread(args, task: "Task", command: str) -> None:
 
 
 class ModelInputs:
-    """A collator that passes on only the columns the inner collator takes (`length` is for the sampler)."""
+    """A collator that passes on only the columns the inner collator takes (the tables hold more: `length`, for the
+    evaluation cadence and the length limit)."""
 
     def __init__(self, collator, keys):
         self.collator, self.keys = collator, keys
