@@ -33,7 +33,7 @@ def generative_reranker(model, tokenizer, yes: str, no: str, lm_head: torch.Tens
         if hasattr(config, key):
             delattr(config, key)
     config.architectures, config.tie_word_embeddings = None, False
-    lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_config(config).float()
     backbone = model.base_model_prefix
     state = {k: v for k, v in model.state_dict().items() if k.startswith(f"{backbone}.")}
     missing, unexpected = lm.load_state_dict(state, strict=False)
