@@ -236,6 +236,19 @@ def write_training_outputs(model, tokenizer, output: Path, history: list, final:
     return summary
 
 
+def save_trained(args, task, model, load, tokenizer, output: Path, logs, say) -> dict:
+    """The output folder: the merged model (with --save-adapter, the adapter on its base, unmerged), the training log
+    and metrics, and what the task saves beside them; returns the final metrics."""
+    history, final = logs
+    if args.save_adapter:
+        save_adapter(model, tokenizer, output, args.gguf_file)
+        return write_training_outputs(None, None, output, history, final)
+    model = merged_model(model, args, load, tokenizer, output / "checkpoints")
+    summary = write_training_outputs(model, tokenizer, output, history, final)
+    task.save_more(args, model, tokenizer, output, say)
+    return summary
+
+
 def train(args) -> int:
     import transformers
 
@@ -297,21 +310,9 @@ def train(args) -> int:
         if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
             trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
 
-        def save(model):
-            if args.save_adapter:  # the LoRA and the head as a peft adapter on the base, unmerged
-                save_adapter(model, tokenizer, output, args.gguf_file)
-                return write_training_outputs(None, None, output, history, final)
-            summary = write_training_outputs(model, tokenizer, output, history, final)
-            task.save_more(args, model, tokenizer, output, job.say)
-            return summary
-
         with zero3_gathered(trainer.model, training):
             summary = job.on_main(
-                lambda: save(
-                    trainer.model
-                    if args.save_adapter
-                    else merged_model(trainer.model, args, load, tokenizer, checkpoints)
-                )
+                lambda: save_trained(args, task, trainer.model, load, tokenizer, output, (history, final), job.say)
             )
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
