@@ -242,3 +242,27 @@ def test_the_chat_template_renders_every_template_text_as_render_does(template):
     assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "own: hi"
     again = RerankTemplate("{query} {document}", "").chat_template(original=chat)  # retrained from this folder
     assert "own: " in again and again.count("stable_models reranker template") == 1
+
+
+def test_train_warns_about_each_consumer_that_will_not_render_the_reranker_as_trained():
+    from types import SimpleNamespace
+
+    import tiny_tokenizers
+    from architectures import BY_NAME, make_models
+    from consumer_rows import FORMAT
+
+    from stable_models.cli.ranking import TASK
+
+    said = []
+    for make, template, refused in (
+        (tiny_tokenizers.gemma_like, FORMAT, ["pipeline", "vLLM server"]),  # a bos they add and training did not
+        (tiny_tokenizers.qwen2_like, "qwen3", []),
+    ):
+        tokenizer = make()
+        model, _ = make_models(BY_NAME["llama"], num_labels=1, vocab_size=len(tokenizer))
+        args = SimpleNamespace(template=template, instruction=None, init_from_tokens=None, no_packing=True)
+        said.clear()
+        TASK.prepare_model(args, model, tokenizer, lambda line, file=None: said.append(line))
+        warnings = [line for line in said if "warning" in line]
+        assert [w.split("] warning: ")[1].split(" will not score")[0] for w in warnings] == refused, said
+        assert all("adding <bos>" in w for w in warnings)

@@ -101,12 +101,12 @@ class Ranking(Task):
         the causal LM's own log-odds of YES over NO at the last position (ms-swift's generative reranker, vLLM's
         from_2_way_softmax). The config keeps the template, and the tokenizer carries it as a chat template, so
         evaluate, predict, sentence-transformers and vLLM render as training did."""
-        from ..consumers import consumer_table
+        from ..consumers import COLUMNS, consumer_table
         from ..templates import attach_template
 
         attach_template(model, tokenizer, trained_template(args))
-        for cell in consumer_table(model.config, tokenizer):
-            if cell.ok is False and cell.consumer not in ("transformers, stock class",):
+        for cell in consumer_table(model.config, tokenizer):  # the stock class's pad == eos is the README's story
+            if cell.ok is False and cell.consumer != COLUMNS[1]:
                 say(
                     f"[train] warning: {cell.consumer} will not score this reranker as trained: {cell.how}",
                     file=sys.stderr,
