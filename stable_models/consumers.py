@@ -47,7 +47,7 @@ def consumer_table(config, tokenizer) -> list[Cell]:
         stock_cell(config, kind, rendered),
         pipeline_cell(kind, template, added),
         sentence_transformers_cell(kind, template, tokenizer),
-        *vllm_cells(kind, template, added),
+        *vllm_cells(kind, template, added, getattr(config, "problem_type", None)),
         Cell(COLUMNS[6], True, f"torch.onnx.export(model, (input_ids, attention_mask), dynamo=True); {rendered}"),
     ]
     return cells
@@ -113,7 +113,7 @@ def sentence_transformers_cell(kind, template, tokenizer) -> Cell:
     return Cell(COLUMNS[3], True, f"{load}: the folder's chat template, an over-long document cut as predict cuts it")
 
 
-def vllm_cells(kind, template, added) -> list[Cell]:
+def vllm_cells(kind, template, added, problem_type=None) -> list[Cell]:
     llm = 'LLM(folder, runner="pooling")'
     if kind == "classifier":
         return [Cell(COLUMNS[4], True, f"{llm}.classify(texts)"), Cell(COLUMNS[5], True, "/classify")]
@@ -124,13 +124,15 @@ def vllm_cells(kind, template, added) -> list[Cell]:
             Cell(COLUMNS[5], True, '/pooling with "use_activation": false: the reward'),
         ]
     keep_end = "max_tokens_per_doc keeps the template's end, cutting the document alone"
+    # vLLM applies no activation to a regression head (what train saves for rerankers), a sigmoid to any other
+    activation = "the score as predict writes it" if problem_type == "regression" else "sigmoid(score)"
     if template.is_pair:
         return [
-            Cell(COLUMNS[4], True, f"{llm}.score(query, documents), sigmoid; no chat_template"),
-            Cell(COLUMNS[5], True, f"/score and /rerank, sigmoid; no --chat-template; {keep_end}"),
+            Cell(COLUMNS[4], True, f"{llm}.score(query, documents): {activation}; no chat_template"),
+            Cell(COLUMNS[5], True, f"/score and /rerank: {activation}; no --chat-template; {keep_end}"),
         ]
     read = "vLLM 0.32 reads no template from the folder: "
-    offline = f"{llm}.score(query, documents, chat_template=FOLDER/chat_template.jinja's text), sigmoid"
+    offline = f"{llm}.score(query, documents, chat_template=FOLDER/chat_template.jinja's text): {activation}"
     if added:
         why = f"it tokenizes the rendered pair with add_special_tokens=True, adding {added[0]}"
         return [
@@ -139,7 +141,11 @@ def vllm_cells(kind, template, added) -> list[Cell]:
         ]
     return [
         Cell(COLUMNS[4], True, read + offline),
-        Cell(COLUMNS[5], True, f"{read}--chat-template FOLDER/chat_template.jinja; /score and /rerank; {keep_end}"),
+        Cell(
+            COLUMNS[5],
+            True,
+            f"{read}--chat-template FOLDER/chat_template.jinja; /score and /rerank: {activation}; {keep_end}",
+        ),
     ]
 
 

@@ -71,6 +71,8 @@ def build(row: Row, folder, max_length=None):
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     model, _ = make_models(BY_NAME[row.arch], num_labels=len(names), **WIDE, **ARCH_KWARGS.get(row.arch, {}), **ids)
     model.config.id2label, model.config.label2id = dict(enumerate(names)), {n: i for i, n in enumerate(names)}
+    if row.kind != "classifier":  # as train saves reward models and rerankers: one unbounded output
+        model.config.problem_type = "regression"
     with torch.no_grad():  # a head whose outputs differ clearly between texts
         model.score.weight.normal_(0, 1.0)
     if row.kind == "reranker":

@@ -20,8 +20,8 @@ MAX_LEN = 512
 
 def activated(row, expected):
     """predict's scores after vLLM's activation: softmax probabilities (predict's own), raw rewards (asked without
-    activation), sigmoid reranker scores."""
-    return expected.sigmoid() if row.kind == "reranker" else expected
+    activation), reranker scores as they are (a regression head, as train saves rerankers, gets no activation)."""
+    return expected
 
 
 def chat_template_of(folder):
@@ -99,7 +99,7 @@ def test_vllm_offline_holds_what_the_consumer_table_says_for_every_row(tmp_path)
     # the generative form of the qwen3 reranker: a plain causal LM through vLLM's classifier_from_token path
     row = next(r for r in ROWS if r.sample)
     model, tokenizer = build(row, tmp_path / "reranker")
-    expected = predict(tmp_path / "reranker", row, tmp_path).sigmoid()
+    expected = predict(tmp_path / "reranker", row, tmp_path)  # the config keeps problem_type regression: no sigmoid
     how = save_generative(model, tokenizer, tmp_path / "generative", "the", "a")
     llm = LLM(
         model=str(tmp_path / "generative"),
