@@ -46,6 +46,7 @@ def adapter_config(folder):
 def load_adapter_folder(folder, **kwargs):
     """The Stable classifier the adapter folder describes: its base checkpoint, its config, the adapter merged."""
     from peft import PeftModel
+    from transformers import AutoConfig
 
     from .registry import from_pretrained
 
@@ -54,8 +55,6 @@ def load_adapter_folder(folder, **kwargs):
     if not base or not Path(base).exists():
         raise ValueError(f"{folder}: the adapter's base {base!r} is not a folder here; edit adapter_config.json")
     options = {"gguf_file": gguf_file} if gguf_file else {}
-    from transformers import AutoConfig
-
     trained_vocab = config.vocab_size  # setup_pad_token may have added a row, which peft saved with the adapter
     config.vocab_size = AutoConfig.from_pretrained(base, **options).vocab_size
     model = from_pretrained(base, config=config, **options, **kwargs)

@@ -42,15 +42,14 @@ def consumer_table(config, tokenizer) -> list[Cell]:
     template = RerankTemplate(config.reranker_template, config.reranker_instruction) if kind == "reranker" else None
     added = adds_special_tokens(tokenizer)
     rendered = "inputs rendered as in the first column"
-    cells = [
+    return [
         Cell(COLUMNS[0], True, remote_code_inputs(kind, template)),
-        stock_cell(config, kind, rendered),
+        stock_cell(config, rendered),
         pipeline_cell(kind, template, added),
         sentence_transformers_cell(kind, template, tokenizer),
         *vllm_cells(kind, template, added, getattr(config, "problem_type", None)),
         Cell(COLUMNS[6], True, f"torch.onnx.export(model, (input_ids, attention_mask), dynamo=True); {rendered}"),
     ]
-    return cells
 
 
 def remote_code_inputs(kind, template) -> str:
@@ -63,7 +62,7 @@ def remote_code_inputs(kind, template) -> str:
     return f"{load}; tokenizer.apply_chat_template([{{role: query}}, {{role: document}}], tokenize=True)"
 
 
-def stock_cell(config, kind, rendered) -> Cell:
+def stock_cell(config, rendered) -> Cell:
     import transformers
 
     architecture = (config.architectures or ["?"])[0]

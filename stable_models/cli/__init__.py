@@ -7,6 +7,7 @@ then imports what it runs. This package imports the library; the library never i
 import atexit
 import contextlib
 import importlib.util
+import json
 import os
 import sys
 
@@ -53,10 +54,11 @@ def verify(folder: str) -> int:
     verdict = verify_folder(folder)
     for line in verdict.lines():
         print(line)
-    from ..adapters import adapter_config, is_adapter_folder
+    from ..adapters import ADAPTER_CONFIG, is_adapter_folder
 
     if is_adapter_folder(folder):
-        base = adapter_config(folder)[0] if os.path.isfile(os.path.join(folder, "stable_config.json")) else "?"
+        with open(os.path.join(folder, ADAPTER_CONFIG)) as handle:
+            base = json.load(handle).get("base_model_name_or_path")
         print(
             f"a peft adapter on {base}: peft applies it to the Stable class built with its stable_config.json "
             "(stable_models.adapters.load_adapter_folder); vLLM serves it on the base as a LoRA module "

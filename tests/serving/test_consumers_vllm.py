@@ -1,5 +1,5 @@
 """The consumer matrix's vLLM columns (tests/test_consumers.py holds the others): each row's folder in vLLM offline and
-in its server, held to `stable-models predict`'s scores (after vLLM's activation) where
+in its server, held to `stable-models predict`'s scores as written (a regression head gets no activation in vLLM) where
 `stable_models.consumers.consumer_table` says "as trained", and shown to differ where it says not."""
 
 import sys
@@ -16,12 +16,6 @@ from stable_models.generative import save_generative
 
 TOLERANCE = 1e-4
 MAX_LEN = 512
-
-
-def activated(row, expected):
-    """predict's scores after vLLM's activation: softmax probabilities (predict's own), raw rewards (asked without
-    activation), reranker scores as they are (a regression head, as train saves rerankers, gets no activation)."""
-    return expected
 
 
 def chat_template_of(folder):
@@ -90,7 +84,7 @@ def test_vllm_offline_holds_what_the_consumer_table_says_for_every_row(tmp_path)
     for i, row in enumerate(ROWS):
         folder = tmp_path / str(i)
         build(row, folder / "model")
-        expected = activated(row, predict(folder / "model", row, folder))
+        expected = predict(folder / "model", row, folder)
         cell = next(c for c in folder_table(folder / "model") if c.consumer == COLUMNS[4])
         assert cell.ok is not None
         results[row.name] = (cell, (offline(folder / "model", row, cell) - expected).abs().max().item())
@@ -126,7 +120,7 @@ SERVED = [pytest.param(row, id=row.name) for row in ROWS if row.kind != "reranke
 def test_the_vllm_server_holds_what_the_consumer_table_says(row, tmp_path):
     """(The pair reranker on /score and /rerank: tests/serving/test_vllm.py.)"""
     build(row, tmp_path / "model")
-    expected = activated(row, predict(tmp_path / "model", row, tmp_path))
+    expected = predict(tmp_path / "model", row, tmp_path)
     cell = next(c for c in folder_table(tmp_path / "model") if c.consumer == COLUMNS[5])
     got = served(tmp_path / "model", row, tmp_path)
     if cell.ok:
@@ -163,7 +157,7 @@ def test_vllm_serves_several_adapters_on_one_base_with_each_ones_predict_scores(
                     parameter.normal_(0, 0.5)
         save_adapter(adapted, tokenizer, tmp_path / f"adapter{k}")
         (tmp_path / f"scores{k}").mkdir()
-        expected.append(activated(row, predict(tmp_path / f"adapter{k}", row, tmp_path / f"scores{k}")))
+        expected.append(predict(tmp_path / f"adapter{k}", row, tmp_path / f"scores{k}"))
     assert (expected[0] - expected[1]).abs().max() > 1e-2  # two adapters, two scorings
     name = type(stable).__name__.removeprefix("Stable")
     llm = LLM(
