@@ -43,7 +43,7 @@ PUBLIC = {
     "NonFiniteGuard": "guards",
     "StopOnNonFinite": "guards",
     "calibrate": "calibration",
-    "get_reward": "reward",
+    "get_reward": "trl_compat",
     "setup_pad_token": "tokenization",
     "check_checkpoint": "verify",
     "verify_folder": "verify",

@@ -5,7 +5,7 @@ per-class multi-label thresholds. `calibrate(model, tokenizer, texts, labels)` d
 import torch
 
 from .labels import encode_labels
-from .metrics import calibration_points, expected_calibration_error, probabilities
+from .metrics import calibration_points, expected_calibration_error, pair_logits, probabilities
 from .scoring import forward_in_length_order
 
 TEMPERATURE_RANGE = (0.05, 20.0)
@@ -119,3 +119,11 @@ def calibrate(model, tokenizer, texts, labels, pairs=None, batch_size=16) -> dic
     logits = forward_in_length_order(model.eval(), tokenizer, texts, pairs, batch_size, progress=False)
     model.train(was_training)
     return calibrate_logits(model, logits, targets, problem_type)[0]
+
+
+def calibrate_pairwise(model, first, second, targets) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """`calibrate_logits` for scores compared in pairs: P(first above second) = sigmoid(first - second), a two-class
+    problem (class 1 = first; a reward model's chosen over rejected, a reranker's score over 0). Returns (what was
+    fitted, the calibrated first and second scores)."""
+    fitted, calibrated = calibrate_logits(model, pair_logits(first, second), targets, "single_label_classification")
+    return fitted, calibrated[:, 1], calibrated[:, 0]

@@ -148,6 +148,22 @@ def pair_responses(features: list[dict]) -> list[dict]:
     return responses
 
 
+class PaddedPairCollator:
+    """The same batches as PackedPairCollator, padded (recurrent models; `--no-packing`): both responses of each pair
+    in its order and labels, and the margins."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, features: list[dict]) -> dict:
+        responses = pair_responses(features)
+        batch = dict(self.tokenizer.pad({"input_ids": [r["input_ids"] for r in responses]}, return_tensors="pt"))
+        batch["labels"] = torch.stack([r["labels"] for r in responses])
+        if "margin" in features[0]:
+            batch["margin"] = torch.tensor([float(f["margin"]) for f in features])
+        return batch
+
+
 class PackedGroupCollator(PackedCollator):
     """Padding-free reranking: features are query groups, each with `input_ids` (one token-id list per document) and
     `relevance` (one per document), optionally `teacher` scores. Every document of the batch goes into packed rows

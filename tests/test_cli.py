@@ -20,8 +20,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 import stable_models
 from stable_models import cli
-from stable_models.cli import data, sharded_scores
-from stable_models.cli.data import encoded, read_table
+from stable_models.cli import classification_data, data, sharded_scores
+from stable_models.cli.classification_data import encoded
+from stable_models.cli.data import read_table
 from stable_models.cli.fine_tuning import decoder_layer_linears
 
 pandas = pytest.importorskip("pandas")
@@ -327,12 +328,11 @@ def test_checks_run_over_arrow_batches_and_name_the_first_bad_row(tmp_path, monk
     table[11]["label"], table[23]["label"] = None, None
     table[17]["text"] = "   "
     path = write(tmp_path / "bad.jsonl", table)
-    args = cli.parse(["train", "--model", "m", "--train", str(path), "--output", "o"])
     loaded = read_table(path)
     with pytest.raises(data.CliError, match=r"text missing or empty in 1 row\(s\), first at row 18"):
-        data.check_texts(loaded, args, path)
+        data.check_texts(loaded, path, "text")
     with pytest.raises(data.CliError, match=r"'label' is missing or NaN in 2 row\(s\), first at row 12"):
-        data.label_problem_type(loaded, "label", path)
+        classification_data.label_problem_type(loaded, "label", path)
 
 
 def test_tables_are_memory_mapped_and_tokenized_once(tmp_path, base):

@@ -150,9 +150,12 @@ def test_table_keeps_exponents(tmp_path):
     [
         (
             [{"sentence": "the film", "label": 0}],
-            r"line 1: no 'text' key \(keys: \['label', 'sentence'\]\); name it with --text-key",
+            r"no column 'text' \(columns: sentence, label\); pass --text-key",
         ),
-        ([{"text": "the film", "label": 0}, {"text": "bad"}], r"1 of 2 lines have a 'label'; lines \[2\] have none"),
+        (
+            [{"text": "the film", "label": 0}, {"text": "bad"}],
+            r"'label' is missing or NaN in 1 row\(s\), first at row 2",
+        ),
     ],
     ids=["wrong-key", "some-labels"],
 )

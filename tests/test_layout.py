@@ -61,6 +61,9 @@ def package_imports(path: Path) -> set[str]:
             found |= {
                 "/".join(a.name.split(".")[1:]) or "__init__" for a in node.names if a.name.startswith("stable_models")
             }
+    tree = ast.parse(path.read_text())
+    if any(isinstance(node, ast.Attribute) and node.attr == "import_module" for node in ast.walk(tree)):
+        found |= imported_by_name(tree, here)
     modules = set()
     for name in found:
         if (PACKAGE / f"{name}.py").is_file():
@@ -68,6 +71,22 @@ def package_imports(path: Path) -> set[str]:
         elif (PACKAGE / name / "__init__.py").is_file():
             modules.add(f"{name}/__init__")
     return modules
+
+
+def imported_by_name(tree, here: list[str]) -> set[str]:
+    """The modules a module imports by name (importlib.import_module): the entries of each of its module-level
+    tuples, lists or dicts (values) that all name modules beside it, as `tasks.TASKS` and the package's `PUBLIC` do."""
+    siblings = PACKAGE.joinpath(*here)
+    found = set()
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        value = node.value
+        items = value.values if isinstance(value, ast.Dict) else getattr(value, "elts", [])
+        names = [item.value for item in items if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+        if names and len(names) == len(items) and all((siblings / f"{name}.py").is_file() for name in names):
+            found |= {"/".join([*here, name]) for name in names}
+    return found
 
 
 LAYERS = {"**The core**": "core", "**The library**": "library", "**The command line**": "command line"}
@@ -161,6 +180,7 @@ def import_graph() -> dict[str, set[str]]:
 def test_no_import_circles():
     graph = import_graph()
     assert graph["cli/doctor"] >= {"cli/logs"}  # the doctor reads logs; logs import neither the doctor nor the CLI
+    assert graph["cli/tasks"] >= {"cli/classification", "cli/preference", "cli/ranking"}  # imported by name
     assert graph["cli/logs"].isdisjoint({"cli/doctor", "cli/__init__"})
     assert import_cycles(graph) == []
 
@@ -189,8 +209,11 @@ def test_the_package_resolves_public_names_from_the_library_only():
 
     rows = the_map((PACKAGE.parent / "docs" / "development.md").read_text())
     assert {rows[module][0] for module in stable_models.PUBLIC.values()} <= {"core", "library"}
-    for name in stable_models.__all__:
-        assert getattr(stable_models, name) is not None
+    for name in stable_models.__all__:  # each resolves to the object its module defines
+        value = getattr(stable_models, name)
+        assert getattr(value, "__module__", f"stable_models.{stable_models.PUBLIC[name]}") == (
+            f"stable_models.{stable_models.PUBLIC[name]}"
+        ), name
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_transformers():

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from architectures import BY_NAME, make_models, pad_batch, random_sequences
-from test_trainer import one_optimizer_step
+from test_gradient_accumulation import one_optimizer_step
 from transformers import Trainer
 
 import stable_models

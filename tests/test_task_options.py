@@ -95,3 +95,20 @@ def test_train_of_a_classifier_refuses_corpus_and_group_key(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.endswith(f"{extra[0]} is read for rerankers in train, not for classifiers: drop it\n"), err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("task_name", TASKS)
+def test_no_task_step_asks_which_command_runs_and_scoring_inputs_are_typed(task_name):
+    """A task never branches on the command's name: evaluate and predict have steps of their own, each returning the
+    task's own frozen dataclass, not a tuple or a dict whose shape differs by task."""
+    import dataclasses
+    import inspect
+    import typing
+
+    task = task_named(task_name)
+    for name, step in inspect.getmembers(task, inspect.ismethod):
+        assert "command" not in inspect.signature(step).parameters, f"{task_name}.{name} takes the command's name"
+    for step in (task.evaluation_input, task.prediction_input):
+        returned = typing.get_type_hints(step)["return"]
+        kinds = typing.get_args(returned) or (returned,)
+        assert all(dataclasses.is_dataclass(k) and k.__dataclass_params__.frozen for k in kinds), (task_name, kinds)

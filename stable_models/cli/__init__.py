@@ -82,14 +82,14 @@ def consumer_lines(folder: str) -> list[str]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["doctor"]:
-        parser = doctor_parser()
-        args = parser.parse_args(argv[1:])
-        from .doctor import run
-
-        return run(parser, args)
     args = None
     try:
+        if argv[:1] == ["doctor"]:  # its own parser (--model DIR or --log FILE), before torch is imported
+            parser = doctor_parser()
+            args = parser.parse_args(argv[1:])
+            from .doctor import run
+
+            return run(parser, args)
         args = parse(argv)
         if args.command == "verify":
             return verify(args.folder)

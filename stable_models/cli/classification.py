@@ -3,30 +3,55 @@
 
 import math
 import sys
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from ..labels import encode_labels
 from ..metrics import classification_metrics, probabilities
-from .data import (
+from .classification_data import (
     check_known_labels,
-    check_texts,
-    column_max,
+    checked_problem_type,
     cut_rows,
     encoded,
     label_counts,
     label_names,
-    labelled,
-    read_table,
-    split_eval,
     texts_of,
     tokenize_cutting,
 )
+from .data import check_texts, column_max
 from .errors import CliError
-from .tasks import ModelInputs, Task, TrainingData, refuse_options
+from .task_steps import ModelInputs, Task, TrainingData, copied_rows, float_metrics, held_out, keep_trained_length
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
+# what each problem type refuses among the options classification reads
+PROBLEM_OPTIONS = {
+    "class_weights": ("--class-weights applies to single-label classification", (SINGLE,)),
+    "label_smoothing": ("--label-smoothing applies to single-label classification", (SINGLE,)),
+    "pos_weight": ("--pos-weight applies to multi-label classification", (MULTI,)),
+}
+
+
+@dataclass(frozen=True)
+class Texts:
+    """What evaluate and predict score for a classifier: a text (and a text pair) per row, and the model's outputs."""
+
+    text_key: str
+    pair_key: str | None
+    problem_type: str
+    names: list
+    thresholds: list | None  # multi-label: per-label decision thresholds (--calibrate fits them), else 0.5
+
+    @classmethod
+    def of(cls, args, config) -> "Texts":
+        names = [config.id2label[i] for i in range(config.num_labels)]
+        thresholds = getattr(config, "multi_label_thresholds", None)
+        return cls(args.text_key, args.text_pair_key, config.problem_type or SINGLE, names, thresholds)
+
+    @property
+    def label2id(self) -> dict:
+        return {n: i for i, n in enumerate(self.names)}
 
 
 class Classification(Task):
@@ -45,24 +70,19 @@ class Classification(Task):
     def owns_model(self, config) -> bool:
         return True  # any classifier the tasks before it do not own
 
-    @staticmethod
-    def problem_type(config) -> str:
-        return config.problem_type or SINGLE
-
     # --- train
     def read(self, args, table, say) -> TrainingData:
         """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two
         classes, every eval label known."""
-        problem_type = labelled(table, args, args.train)
-        if args.eval:
-            eval_table = read_table(args.eval, args.encoding)
-            eval_problem_type = labelled(eval_table, args, args.eval)
-            if eval_problem_type != problem_type:
-                raise CliError(
-                    f"the eval labels are {eval_problem_type}, the training labels {problem_type}; make them one kind"
-                )
-        else:
-            table, eval_table = split_eval(table, args.eval_fraction, args.seed, args.train)
+        problem_type = checked_problem_type(table, args, args.train)
+
+        def read_eval(eval_table):
+            found = checked_problem_type(eval_table, args, args.eval)
+            if found != problem_type:
+                raise CliError(f"the eval labels are {found}, the training labels {problem_type}; make them one kind")
+            return eval_table, found
+
+        table, eval_table, _ = held_out(args, table, read_eval)
         names = label_names(table, args.label_key, problem_type) if problem_type != REGRESSION else ["score"]
         if problem_type == SINGLE and len(names) < 2:
             raise CliError(f"{args.train}: only one label ({names[0]!r}); a classifier needs at least two")
@@ -81,17 +101,14 @@ class Classification(Task):
 
     def model_options(self, args, data: TrainingData) -> dict:
         options = super().model_options(args, data)
+        for name, (refusal, problem_types) in PROBLEM_OPTIONS.items():
+            if getattr(args, name) and data.problem_type not in problem_types:
+                raise CliError(refusal)
         if args.class_weights:
-            if data.problem_type != SINGLE:
-                refuse_options(args, ["class_weights"])
             options["class_weights"] = class_weights(args.class_weights, data, args.label_key)
         if args.label_smoothing:
-            if data.problem_type != SINGLE:
-                refuse_options(args, ["label_smoothing"])
             options["label_smoothing"] = args.label_smoothing
         if args.pos_weight:
-            if data.problem_type != MULTI:
-                refuse_options(args, ["pos_weight"])
             options["pos_weight"] = parse_weights(args.pos_weight, "--pos-weight", len(data.names))
         return options
 
@@ -104,7 +121,7 @@ class Classification(Task):
             warning = cut_rows(table, path, min(limit, tokenizer.model_max_length))
             if warning:
                 say(warning, file=sys.stderr)
-        tokenizer.model_max_length = max(column_max(train_set, "length"), column_max(eval_set, "length"))
+        keep_trained_length(tokenizer, max(column_max(train_set, "length"), column_max(eval_set, "length")))
         return train_set, eval_set
 
     def collator(self, tokenizer, packing: bool, model):
@@ -120,7 +137,7 @@ class Classification(Task):
             report = classification_metrics(
                 torch.as_tensor(prediction.predictions), prediction.label_ids, data.problem_type, data.names
             )
-            return {k: v for k, v in report.items() if isinstance(v, float)}
+            return float_metrics(report)
 
         return compute
 
@@ -130,93 +147,82 @@ class Classification(Task):
         return first["input_ids"], first["labels"], torch.long if data.problem_type == SINGLE else torch.float32
 
     # --- evaluate and predict
-    def check_options(self, args, config, command) -> None:
-        if command == "evaluate" and args.calibrate and self.problem_type(config) == REGRESSION:
+    csv_prefixes = {"probabilities": "p_"}  # one CSV column per label: p_<label>
+
+    def check_evaluate(self, args, config) -> None:
+        if args.calibrate and (config.problem_type or SINGLE) == REGRESSION:
             raise CliError("--calibrate applies to classification; this model is a regression")
 
-    def scoring_input(self, args, table, config, tokenizer, command, say):
-        if command == "predict":
-            check_texts(table, args, args.data)
-            return None
-        problem_type, names = self.problem_type(config), output_names(config)
-        found = labelled(table, args, args.data)
-        if found != problem_type:
-            raise CliError(f"{args.data}: labels are {found}, the model is {problem_type}")
-        check_known_labels(table, args.label_key, problem_type, {n: i for i, n in enumerate(names)}, args.data)
-        return None
+    def evaluation_input(self, args, table, config, tokenizer, say) -> Texts:
+        texts = Texts.of(args, config)
+        found = checked_problem_type(table, args, args.data)
+        if found != texts.problem_type:
+            raise CliError(f"{args.data}: labels are {found}, the model is {texts.problem_type}")
+        check_known_labels(table, args.label_key, texts.problem_type, texts.label2id, args.data)
+        return texts
 
-    def scored_columns(self, spec, args) -> list[str]:
-        return [args.text_key] + ([args.text_pair_key] if args.text_pair_key else [])
+    def prediction_input(self, args, table, config, tokenizer, say) -> Texts:
+        check_texts(table, args.data, args.text_key, args.text_pair_key)
+        return Texts.of(args, config)
 
-    def render(self, spec, tokenizer, args, cuts):
+    def scored_columns(self, scoring: Texts, args) -> list[str]:
+        return [scoring.text_key] + ([scoring.pair_key] if scoring.pair_key else [])
+
+    def render(self, scoring: Texts, tokenizer, args, cuts):
         def render(batch):
-            texts, pairs = texts_of(batch, args.text_key, args.text_pair_key)
+            texts, pairs = texts_of(batch, scoring.text_key, scoring.pair_key)
             ids, cut_from = tokenize_cutting(tokenizer, texts, pairs)
             cuts.add(cut_from, tokenizer.model_max_length)
             return [ids]
 
         return render
 
-    def evaluation(self, args, model, table, spec, scores) -> dict:
+    def evaluation(self, args, model, table, scoring: Texts, scores) -> dict:
         """The metrics and, with --calibrate, the temperature (and multi-label thresholds) folded into the model."""
         from ..calibration import calibrate_logits
         from .plots import plot_classification
 
-        config = model.config
-        problem_type, names = self.problem_type(config), output_names(config)
+        problem_type, names = scoring.problem_type, scoring.names
         logits = scores[:, 0]
-        targets = encode_labels(table[args.label_key], problem_type, {n: i for i, n in enumerate(names)}, args.data)
-        thresholds = getattr(config, "multi_label_thresholds", None)
+        targets = encode_labels(table[args.label_key], problem_type, scoring.label2id, args.data)
         report = {
             "task": self.name,
             "problem_type": problem_type,
             "labels": names,
-            **classification_metrics(logits, targets, problem_type, names, thresholds),
+            **classification_metrics(logits, targets, problem_type, names, scoring.thresholds),
         }
         if args.calibrate:
             report["calibration"], logits = calibrate_logits(model, logits, targets, problem_type)
             report.update(
                 classification_metrics(
-                    logits, targets, problem_type, names, getattr(config, "multi_label_thresholds", None)
+                    logits, targets, problem_type, names, getattr(model.config, "multi_label_thresholds", None)
                 )
             )
         draw = partial(plot_classification, report, problem_type, names, logits, targets)
         return {"report": report, "draw": draw, "text": report_text, "fitted": "temperature"}
 
-    def prediction_columns(self, spec, config, args) -> list[str]:
-        problem_type, names = self.problem_type(config), output_names(config)
-        if problem_type == REGRESSION:
+    def prediction_columns(self, scoring: Texts, config, args) -> list[str]:
+        if scoring.problem_type == REGRESSION:
             return ["text", "score"]
-        columns = ["text", "labels"] if problem_type == MULTI else ["text", "label", "score"]
-        return columns + [f"p_{n}" for n in names]
+        columns = ["text", "labels"] if scoring.problem_type == MULTI else ["text", "label", "score"]
+        return columns + [f"p_{n}" for n in scoring.names]
 
-    def prediction_rows(self, batch, scores, spec, config, args) -> list[dict]:
+    def prediction_rows(self, batch, scores, scoring: Texts, config, args) -> list[dict]:
         """The label and its probability, every label over its threshold, or the score."""
-        problem_type, names = self.problem_type(config), output_names(config)
-        thresholds = getattr(config, "multi_label_thresholds", None) or [0.5] * len(names)
-        texts = [str(t) for t in batch[args.text_key]]
-        rows = []
-        for text, row in zip(texts, probabilities(scores[:, 0], problem_type).tolist(), strict=True):
+        problem_type, names = scoring.problem_type, scoring.names
+        thresholds = scoring.thresholds or [0.5] * len(names)
+        rows = copied_rows({"text": [str(t) for t in batch[scoring.text_key]]}, ["text"])
+        for row, values in zip(rows, probabilities(scores[:, 0], problem_type).tolist(), strict=True):
             if problem_type == REGRESSION:
-                rows.append({"text": text, "score": row[0]})
-            elif problem_type == SINGLE:
-                best = max(range(len(row)), key=row.__getitem__)
-                rows.append(
-                    {
-                        "text": text,
-                        "label": names[best],
-                        "score": row[best],
-                        "probabilities": dict(zip(names, row, strict=True)),
-                    }
-                )
+                row["score"] = values[0]
+                continue
+            if problem_type == SINGLE:
+                best = max(range(len(values)), key=values.__getitem__)
+                row.update(label=names[best], score=values[best])
             else:
-                chosen = [n for n, p, cut in zip(names, row, thresholds, strict=True) if p >= cut]
-                rows.append({"text": text, "labels": chosen, "probabilities": dict(zip(names, row, strict=True))})
+                row["labels"] = [n for n, p, cut in zip(names, values, thresholds, strict=True) if p >= cut]
+            row["probabilities"] = dict(zip(names, values, strict=True))
         return rows
-
-
-def output_names(config) -> list:
-    return [config.id2label[i] for i in range(config.num_labels)]
 
 
 def parse_weights(text: str, flag: str, count: int) -> list[float]:

@@ -1,7 +1,7 @@
 """`stable-models train | evaluate | predict`: each command is one sequence of named steps that asks the task
 (tasks.py: classification, preference, ranking) what differs, and never branches on the task's name. data.py reads and
-checks files, fine_tuning.py builds the model, adapters and Trainer, sharded_scores.py scores rows, outputs.py writes
-results.
+checks files, fine_tuning.py builds the model, adapters and Trainer, engines.py and sharded_scores.py score rows,
+outputs.py writes results.
 """
 
 import json
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import adapter_config, is_adapter_folder, load_adapter_folder, save_adapter
+from ..adapters import adapter_config, is_adapter_folder, save_adapter
 from .data import CutCount, read_table
 from .distributed import Job, output_lock, refuse_if_locked
+from .engines import ENGINES, load_classifier, torch_engine
 from .errors import CliError
 from .fine_tuning import (
     best_evaluation,
@@ -26,8 +27,9 @@ from .fine_tuning import (
     zero3_gathered,
 )
 from .outputs import PredictionWriter, write_evaluation
-from .sharded_scores import gathered_scores, scored_batches, torch_engine
-from .tasks import TrainingData, for_model, for_training, length_limit, refuse_unread
+from .sharded_scores import gathered_scores, scored_batches
+from .task_steps import TrainingData, length_limit
+from .tasks import for_model, for_training, refuse_unread
 
 
 def fast_dtype() -> str:
@@ -102,19 +104,6 @@ def classifier_config_and_tokenizer(model: str):
     return config, tokenizer
 
 
-def load_classifier(model: str, device=None):
-    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU); an adapter folder's base with
-    the adapter merged."""
-    from ..registry import from_pretrained
-
-    load = load_adapter_folder if is_adapter_folder(model) else from_pretrained
-    try:
-        classifier = load(model, dtype=torch.float32)
-    except (OSError, ValueError, TypeError) as error:
-        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-    return classifier.to(device or "cpu").eval()
-
-
 def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
     if output.exists() and not output.is_dir():
         raise CliError(f"--output {output} is a file; give a directory")
@@ -127,55 +116,36 @@ def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
 PREFLIGHT_EXAMPLES = 4
 
 
-def preflight(model, tokenizer, candidates, folder) -> None:
-    """The doctor's checks at the cost of about one training step, on the model as it will train (LoRA attached):
-    finite loss, logits and gradients of what trains; logits that do not depend on the padding side; an fp32 loss
-    that honours num_items_in_batch. One forward and backward of a right-padded batch, one forward of the same batch
-    left-padded: the two losses (one given twice the item count) and the two logits are compared. Stops with the
-    doctor's report when a check fails; leaves the weights and gradients as they were. Returns the trainable
-    parameters that got no gradient (DDP must then look for unused parameters)."""
-    from .doctor import PADDING_TOLERANCE
+def preflight(model, tokenizer, candidates, folder) -> list[str]:
+    """The doctor's numerics check (stable_models.numerics) at the cost of about one training step, on the model as
+    it will train (LoRA attached): one forward and backward of a right-padded batch, one forward of the same batch
+    left-padded. Stops with the doctor's advice when a check fails; leaves the weights and gradients as they were.
+    Returns the trainable parameters that got no gradient (DDP must then look for unused parameters)."""
+    from ..numerics import check_numerics
 
     ids, labels, label_dtype = preflight_batch(*candidates)
     labels = torch.tensor(labels, dtype=label_dtype)
-    right, left = (dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in SIDES)
-    model.eval()  # no dropout: the two forwards must be comparable
-    try:
-        halved = model(**right, labels=labels, num_items_in_batch=2 * labels.numel())
-        halved.loss.backward()
-        trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
-        gradients_finite = all(torch.isfinite(p.grad).all() for p in trained.values() if p.grad is not None)
-        unused = [name for name, p in trained.items() if p.grad is None]
-        with torch.no_grad():
-            full = model(**left, labels=labels)
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.train()
-    logits = halved.logits.detach().float()
-    finite = bool(torch.isfinite(logits).all() and torch.isfinite(full.loss) and gradients_finite)
-    padding_error = (logits - full.logits.float()).abs().max().item()
-    tolerance = PADDING_TOLERANCE[torch.float32] * max(1.0, logits.abs().max().item())
+    right, left = (
+        dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in PADDING_SIDES
+    )
+    found = check_numerics(model, right, labels, [(left, labels)])
     problem = None
-    if not finite:
-        from ..guards import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
-
-        where = first_non_finite_module(model, right) or "?"
-        where = where.removeprefix("base_model.model.").removesuffix(".base_layer")  # peft's wrappers
-        problem = f"non-finite loss, logits or gradients (first at {where})"
-    elif padding_error > tolerance:
-        problem = f"left and right padding give logits {padding_error:.2e} apart"
-    elif halved.loss.dtype != torch.float32 or not torch.isclose(2 * halved.loss, full.loss, rtol=1e-3):
+    if not found.finite:
+        problem = f"non-finite loss, logits or gradients (first at {found.first_non_finite})"
+    elif found.padding_error > found.padding_tolerance(torch.float32):
+        problem = f"left and right padding give logits {found.padding_error:.2e} apart"
+    elif found.loss_dtype != torch.float32 or not found.honours_num_items:
         problem = "the loss is not an fp32 loss that honours num_items_in_batch"
     if problem:
         raise SystemExit(
             f"stable-models: the pre-flight check failed: {problem}. `python -m stable_models doctor --model "
             f"{folder}` gives the full report."
         )
-    print(f"[train] pre-flight ok: finite, padding changes logits by {padding_error:.1e}", file=sys.stderr)
-    return unused
+    print(f"[train] pre-flight ok: finite, padding changes logits by {found.padding_error:.1e}", file=sys.stderr)
+    return found.unused
 
 
-SIDES = ("right", "left")
+PADDING_SIDES = ("right", "left")
 
 
 def find_unused_parameters(model, unused: list[str], job) -> bool:
@@ -250,21 +220,13 @@ def save_trained(args, task, model, load, tokenizer, output: Path, logs, say) ->
 
 
 def train(args) -> int:
+    """Read and check the data, load the model, run the pre-flight, train, save: the task says what differs."""
     import transformers
 
-    from ..tokenization import setup_pad_token
-
-    job = Job()
-    output = Path(args.output)
-    job.on_main(lambda: check_output_dir(output, args.overwrite, args.resume))
-    if args.full and args.qlora:
-        raise CliError("--full and --qlora exclude each other")
-    if args.save_adapter and (args.full or getattr(args, "save_generative", False)):
-        raise CliError("--save-adapter keeps the LoRA unmerged: --full trains no adapter, --save-generative merges it")
-    check_model_path(args.model, args.gguf_file)
+    job, output = Job(), Path(args.output)
+    refuse_training_options(args, job, output)
     data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
-    task = data.task
-    refuse_unread(args, task, "train")
+    refuse_unread(args, data.task, "train")
     transformers.set_seed(args.seed)
     dtype = fast_dtype() if args.dtype == "auto" else args.dtype
     load = loading_options(args, data)
@@ -272,60 +234,89 @@ def train(args) -> int:
     checkpoints = output / "checkpoints"
     training = training_arguments(args, data, dtype, checkpoints)  # before the model: ZeRO-3 partitions at build
     with output_lock(output, job):
-        job.say(
-            f"[train] loading {args.model} as a {task.describe_model(data)} model with {len(data.names)} output(s)",
-            file=sys.stderr,
-        )
-        model = load_base_model(args, load, dtype)
-        setup_pad_token(tokenizer, model)
-        task.prepare(args, data, tokenizer, job.say)
-        task.prepare_model(args, model, tokenizer, job.say)
-        limit = length_limit(args, model)
-        train_set, eval_set = job.main_first(lambda: task.tokenize(args, tokenizer, limit, data, job.say))
-        job.say(
-            f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
-            f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
-            file=sys.stderr,
-        )
-        model = with_adapters(model, args)
-        if training.deepspeed and training.hf_deepspeed_config.is_zero3():
-            job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
-        else:
-            # rank 0 alone (it leaves the weights as they were; Trainer seeds every rank alike afterwards)
-            unused = job.on_main(
-                lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model)
-            )
-            training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
-        job.say(
-            f"[train] {evaluation_cadence(args, training, task.training_set(args, train_set), eval_set)}",
-            file=sys.stderr,
-        )
+        model, train_set, eval_set = model_and_tables(args, job, data, load, dtype, tokenizer)
+        run_preflight(args, job, model, tokenizer, data, (train_set, eval_set), training)
         trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
-        resume = args.resume and any(checkpoints.glob("checkpoint-*"))
-        if args.resume and not resume:
-            job.say(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
-        trainer.train(resume_from_checkpoint=True if resume else None)
-        history = list(trainer.state.log_history)
-        final = best_evaluation(trainer)  # the best checkpoint's, which load_best_model_at_end restored
-        if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
-            trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
-
+        logs = fit(args, job, trainer, training, checkpoints)
         with zero3_gathered(trainer.model, training):
             summary = job.on_main(
-                lambda: save_trained(args, task, trainer.model, load, tokenizer, output, (history, final), job.say)
+                lambda: save_trained(args, data.task, trainer.model, load, tokenizer, output, logs, job.say)
             )
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
-    job.say(f"[train] done: {shown}")
+    say_trained(job, data.task, summary, output)
+    job.leave()
+    return 0
+
+
+def refuse_training_options(args, job, output: Path) -> None:
+    """The checks of train's own options that need no data: the output folder, the model path, exclusive flags."""
+    job.on_main(lambda: check_output_dir(output, args.overwrite, args.resume))
+    if args.full and args.qlora:
+        raise CliError("--full and --qlora exclude each other")
+    if args.save_adapter and (args.full or getattr(args, "save_generative", False)):
+        raise CliError("--save-adapter keeps the LoRA unmerged: --full trains no adapter, --save-generative merges it")
+    check_model_path(args.model, args.gguf_file)
+
+
+def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, tokenizer):
+    """The model as it will train (the task's changes, LoRA attached) and the tokenized (train, eval) tables."""
+    from ..tokenization import setup_pad_token
+
+    task = data.task
+    job.say(
+        f"[train] loading {args.model} as a {task.describe_model(data)} model with {len(data.names)} output(s)",
+        file=sys.stderr,
+    )
+    model = load_base_model(args, load, dtype)
+    setup_pad_token(tokenizer, model)
+    task.prepare(args, data, tokenizer, job.say)
+    task.prepare_model(args, model, tokenizer, job.say)
+    limit = length_limit(args, model)
+    train_set, eval_set = job.main_first(lambda: task.tokenize(args, tokenizer, limit, data, job.say))
+    job.say(
+        f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
+        f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
+        file=sys.stderr,
+    )
+    return with_adapters(model, args), train_set, eval_set
+
+
+def run_preflight(args, job, model, tokenizer, data: TrainingData, tables, training) -> None:
+    """The pre-flight on rank 0 (it leaves the weights as they were; Trainer seeds every rank alike afterwards), DDP's
+    search for unused parameters where the model needs it, and the evaluation cadence."""
+    task, (train_set, eval_set) = data.task, tables
+    if training.deepspeed and training.hf_deepspeed_config.is_zero3():
+        job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
+    else:
+        unused = job.on_main(lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model))
+        training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
+    cadence = evaluation_cadence(args, training, task.training_set(args, train_set), eval_set, task.token_columns)
+    job.say(f"[train] {cadence}", file=sys.stderr)
+
+
+def fit(args, job, trainer, training, checkpoints: Path) -> tuple[list, dict]:
+    """Train (from the last checkpoint with --resume); returns (the log, the best checkpoint's eval metrics, which
+    load_best_model_at_end restored)."""
+    resume = args.resume and any(checkpoints.glob("checkpoint-*"))
+    if args.resume and not resume:
+        job.say(f"[train] --resume: no checkpoint in {checkpoints}, starting from step 0", file=sys.stderr)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    final = best_evaluation(trainer)
+    if training.report_to:  # the final metrics reach the tracker too, as eval/best_*
+        trainer.log({f"eval_best_{k.removeprefix('eval_')}": v for k, v in final.items() if k.startswith("eval_")})
+    return list(trainer.state.log_history), final
+
+
+def say_trained(job, task, summary: dict, output: Path) -> None:
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
+    job.say(f"[train] done: {metrics}")
     job.say(
         f"[train] model: {output} (stable_models.from_pretrained(dir), or AutoModelForSequenceClassification "
         "with trust_remote_code=True)"
     )
     job.say(f"[train] next: stable-models evaluate --model {output} --data <test file> --calibrate")
     job.say(f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling")
-    job.leave()
-    return 0
 
 
 def evaluate(args) -> int:
@@ -337,22 +328,17 @@ def evaluate(args) -> int:
         raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
     task = for_model(config)
     refuse_unread(args, task, "evaluate")
-    task.check_options(args, config, "evaluate")
+    task.check_evaluate(args, config)
     table = job.main_first(lambda: read_table(args.data, args.encoding))
-    spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "evaluate", job.say))
-    table = job.main_first(lambda: task.scored_table(args, table, spec))
+    scoring = job.on_main(lambda: task.evaluation_input(args, table, config, tokenizer, job.say))
+    table = job.main_first(lambda: task.scored_table(args, table, scoring))
     model = load_classifier(args.model, job.device)
     cuts = CutCount()
-    batches = scored_batches(
-        job,
-        table,
-        task.scored_columns(spec, args),
-        task.render(spec, tokenizer, args, cuts),
-        torch_engine(model, tokenizer, args.batch_size),
-    )
-    scores = gathered_scores(job, batches)
+    render = task.render(scoring, tokenizer, args, cuts)
+    engine = torch_engine(model, tokenizer, args.batch_size)  # --calibrate folds its temperature into this model
+    scores = gathered_scores(job, scored_batches(job, table, task.scored_columns(scoring, args), render, engine))
     cuts.warn(job, "evaluate", args.data)
-    job.on_main(lambda: write_evaluation(args, model, task.evaluation(args, model, table, spec, scores)))
+    job.on_main(lambda: write_evaluation(args, model, task.evaluation(args, model, table, scoring, scores)))
     job.leave()
     return 0
 
@@ -363,51 +349,26 @@ def predict(args) -> int:
     --overwrite never leaves half a file)."""
     job = Job()
     output = Path(args.output)
-
-    def check_output():
-        if output.suffix not in (".jsonl", ".csv"):
-            raise CliError(f"--output {output}: use a .jsonl or .csv file")
-        if output.exists() and not args.overwrite:
-            raise CliError(f"--output {output} exists; pass --overwrite or another file")
-
-    job.on_main(check_output)
-    if args.engine == "vllm" and job.world > 1:
-        raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
+    job.on_main(lambda: check_prediction_file(output, args.overwrite))
+    refuse_engine, load_engine = ENGINES[args.engine]
+    refuse_engine(args, job)
     config, tokenizer = classifier_config_and_tokenizer(args.model)
-    if args.engine == "vllm" and is_adapter_folder(args.model):
-        raise CliError(
-            f"--engine vllm: {args.model} is an adapter; serve its base with --enable-lora --lora-modules NAME=FOLDER"
-        )
     task = for_model(config)
     refuse_unread(args, task, "predict")
-    task.check_options(args, config, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))
-    spec = job.on_main(lambda: task.scoring_input(args, table, config, tokenizer, "predict", job.say))
-    table = job.main_first(lambda: task.scored_table(args, table, spec))
+    scoring = job.on_main(lambda: task.prediction_input(args, table, config, tokenizer, job.say))
+    table = job.main_first(lambda: task.scored_table(args, table, scoring))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
-    if args.engine == "vllm":
-        from .vllm_engine import load_engine, vllm_engine
-
-        engine = vllm_engine(
-            load_engine(
-                args.model,
-                args.tensor_parallel_size,
-                args.data_parallel_size,
-                args.vllm_dtype,
-                args.gpu_memory_utilization,
-            )
-        )
-    else:
-        engine = torch_engine(load_classifier(args.model, job.device), tokenizer, args.batch_size)
+    engine = load_engine(args, job, tokenizer)
     job.barrier()
-    columns = task.prediction_columns(spec, config, args)
-    writer = PredictionWriter(output, job, columns, task.ranked_by(spec, args), args.top_k)
+    columns = task.prediction_columns(scoring, config, args)
+    writer = PredictionWriter(output, job, columns, task.ranked_by(scoring, args), args.top_k, task.csv_prefixes)
     cuts = CutCount()
-    render = task.render(spec, tokenizer, args, cuts)
+    render = task.render(scoring, tokenizer, args, cuts)
     try:
-        for batch, scores in scored_batches(job, table, task.scored_columns(spec, args), render, engine):
-            writer.write(task.prediction_rows(batch, scores, spec, config, args))
+        for batch, scores in scored_batches(job, table, task.scored_columns(scoring, args), render, engine):
+            writer.write(task.prediction_rows(batch, scores, scoring, config, args))
     except BaseException:
         writer.discard()
         raise
@@ -416,3 +377,10 @@ def predict(args) -> int:
     job.say(f"predict: {len(table)} rows -> {output}")
     job.leave()
     return 0
+
+
+def check_prediction_file(output: Path, overwrite: bool) -> None:
+    if output.suffix not in (".jsonl", ".csv"):
+        raise CliError(f"--output {output}: use a .jsonl or .csv file")
+    if output.exists() and not overwrite:
+        raise CliError(f"--output {output} exists; pass --overwrite or another file")

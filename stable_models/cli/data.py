@@ -1,17 +1,16 @@
-"""Reading and checking labelled data for the commands, at any size: every input format goes into a `datasets` Arrow
-table (cached on disk, memory-mapped), the checks run over Arrow batches, tokenization is a cached `map` with workers,
-and scoring streams the rows in order. Memory stays flat in the number of rows.
+"""Reading and checking data for the commands, every task alike, at any size: every input format goes into a
+`datasets` Arrow table (cached on disk, memory-mapped), the checks run over Arrow batches, tokenization is a cached
+`map` with workers, and scoring streams the rows in order. Memory stays flat in the number of rows.
 
 Each problem is a `CliError` naming the file, the column and the first bad row, raised before anything is written.
+What a task's rows mean is read in its own module: classification_data.py, preference_data.py, ranking_data.py.
 """
 
 import contextlib
-import numbers
 import os
 import sys
 from pathlib import Path
 
-from ..labels import encode_labels, refuse_unseen
 from .errors import CliError
 
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
@@ -174,7 +173,7 @@ def require_column(table, key, path, flag) -> None:
         raise CliError(f"{path}: no column {key!r} (columns: {', '.join(table.column_names)}); pass {flag}")
 
 
-def check_texts(table, args, path) -> None:
+def check_texts(table, path, text_key, pair_key=None, text_flag="--text-key", pair_flag="--text-pair-key") -> None:
     """Every text (and text pair) present and not blank; one vectorized pass per column."""
     import pyarrow
     import pyarrow.compute as pc
@@ -186,15 +185,15 @@ def check_texts(table, args, path) -> None:
             missing = pc.or_(missing, blank(values))
         return missing
 
-    require_column(table, args.text_key, path, "--text-key")
-    columns = [(args.text_key, "text")]
-    if args.text_pair_key:
-        require_column(table, args.text_pair_key, path, "--text-pair-key")
-        columns.append((args.text_pair_key, "text pair"))
+    require_column(table, text_key, path, text_flag)
+    columns = [(text_key, "text")]
+    if pair_key:
+        require_column(table, pair_key, path, pair_flag)
+        columns.append((pair_key, "text pair"))
     for key, name in columns:
         count, first = first_true(missing_text(batch, key) for batch in arrow_batches(table, [key]))
         if count:
-            side = f" ({key!r} missing where {args.text_key!r} is given)" if name == "text pair" else ""
+            side = f" ({key!r} missing where {text_key!r} is given)" if name == "text pair" else ""
             raise CliError(
                 f"{path}: {name} missing or empty in {count} row(s){side}, first at row {first + 1}; "
                 "fill or drop those rows"
@@ -213,35 +212,6 @@ def refuse_missing(table, key, path, what) -> None:
         )
 
 
-def label_problem_type(table, key, path) -> str:
-    """From the label column's Arrow type: strings or integers mean single-label, lists multi-label, floats
-    regression. Refuses missing / NaN labels and a column that mixes kinds."""
-    import pyarrow
-
-    require_column(table, key, path, "--label-key")
-    refuse_missing(table, key, path, "label")
-    arrow_type = table.data.schema.field(key).type
-    if pyarrow.types.is_list(arrow_type) or pyarrow.types.is_large_list(arrow_type):
-        refuse_bad_labels(table, key, path, blank_in_lists, "missing or empty")
-        return "multi_label_classification"
-    if pyarrow.types.is_floating(arrow_type):
-        refuse_bad_labels(table, key, path, not_finite, "not finite")
-        return "regression"
-    if pyarrow.types.is_string(arrow_type) or pyarrow.types.is_large_string(arrow_type):
-        refuse_bad_labels(table, key, path, blank, "missing or empty")
-    if any(
-        test(arrow_type)
-        for test in (
-            pyarrow.types.is_string,
-            pyarrow.types.is_large_string,
-            pyarrow.types.is_integer,
-            pyarrow.types.is_boolean,
-        )
-    ):
-        return "single_label_classification"
-    return refuse_label_kinds(table[key], key, path)  # e.g. datasets' Json feature: a JSON column of mixed kinds
-
-
 def blank(values):
     """Per row: an empty or whitespace-only string."""
     import pyarrow.compute as pc
@@ -249,89 +219,10 @@ def blank(values):
     return pc.fill_null(pc.match_substring_regex(values, r"^\s*$"), False)
 
 
-def blank_in_lists(lists):
-    """Per row: a list holding a missing, empty or whitespace-only label."""
-    import numpy
-    import pyarrow
-    import pyarrow.compute as pc
-
-    if isinstance(lists, pyarrow.ChunkedArray):
-        lists = lists.combine_chunks()
-    elements = pc.list_flatten(lists)
-    bad = pc.is_null(elements, nan_is_null=True)
-    if pyarrow.types.is_string(elements.type) or pyarrow.types.is_large_string(elements.type):
-        bad = pc.or_(bad, blank(elements))
-    rows = numpy.zeros(len(lists), dtype=bool)
-    parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    rows[parents[bad.to_numpy(zero_copy_only=False).astype(bool)]] = True
-    return pyarrow.array(rows)
-
-
 def not_finite(values):
     import pyarrow.compute as pc
 
     return pc.invert(pc.fill_null(pc.is_finite(values), True))
-
-
-def refuse_bad_labels(table, key, path, test, what) -> None:
-    """One line naming the first row whose label fails `test` (one vectorized pass)."""
-    count, first = first_true(test(batch.column(key)) for batch in arrow_batches(table, [key]))
-    if count:
-        raise CliError(
-            f"{path}: label {key!r} {what} in {count} row(s), first at row {first + 1}; fill or drop those rows"
-        )
-
-
-def refuse_label_kinds(labels, key, path) -> str:
-    kinds = set()
-    for value in labels:
-        if isinstance(value, (list, tuple)):
-            kinds.add("lists (multi-label)")
-        elif isinstance(value, str):
-            kinds.add("strings (single-label)")
-        elif isinstance(value, numbers.Integral):  # bool included
-            kinds.add("integers (single-label)")
-        elif isinstance(value, numbers.Real):
-            kinds.add("floats (regression)")
-        else:
-            kinds.add(type(value).__name__)
-    if len(kinds) != 1:
-        raise CliError(f"{path}: label {key!r} mixes kinds: {', '.join(sorted(kinds))}; make them one kind")
-    kind = kinds.pop()
-    raise CliError(f"{path}: label {key!r} holds {kind} values; use strings, integers, lists of them, or floats")
-
-
-def labelled(table, args, path) -> str:
-    """The problem type of a labelled table, checked once: every text there, one label kind, no missing label."""
-    check_texts(table, args, path)
-    return label_problem_type(table, args.label_key, path)
-
-
-def label_values(table, key, problem_type) -> set:
-    """The distinct label values (the elements of the lists, for multi-label), one Arrow pass."""
-    import pyarrow.compute as pc
-
-    values = set()
-    for batch in arrow_batches(table, [key]):
-        column = batch.column(key)
-        if problem_type == "multi_label_classification":
-            column = pc.list_flatten(column)
-        values |= set(pc.unique(column).to_pylist())
-    return values
-
-
-def label_names(table, key, problem_type) -> list[str]:
-    """The label map, sorted (numerically for integers): id i is names[i]."""
-    values = label_values(table, key, problem_type)
-    return [str(v) for v in sorted(values, key=lambda v: (isinstance(v, str), v))]
-
-
-def check_known_labels(table, key, problem_type, label2id, path) -> None:
-    if problem_type != "regression":
-        try:
-            refuse_unseen(label_values(table, key, problem_type), label2id, path)
-        except ValueError as error:
-            raise CliError(str(error)) from None
 
 
 def split_eval(table, fraction, seed, path="--train"):
@@ -344,48 +235,6 @@ def split_eval(table, fraction, seed, path="--train"):
         raise CliError(f"{path}: {rows} row(s), too few to hold out an eval set; pass --eval FILE")
     split = table.train_test_split(test_size=count, seed=seed, shuffle=True)
     return split["train"], split["test"]
-
-
-def texts_of(batch: dict, text_key, pair_key):
-    texts = [str(t) for t in batch[text_key]]
-    return texts, None if not pair_key else [str(p) for p in batch[pair_key]]
-
-
-def tokenize(tokenizer, texts, pairs, max_length=None, truncate=True):
-    if not truncate:
-        kwargs = {"truncation": False, "verbose": False}  # no "longer than model_max_length" warning
-    else:
-        kwargs = {"truncation": True} if max_length is None else {"truncation": True, "max_length": max_length}
-    encoded = tokenizer(texts, pairs, **kwargs) if pairs is not None else tokenizer(texts, **kwargs)
-    return encoded["input_ids"]
-
-
-def tokenize_cutting(tokenizer, texts, pairs, max_length=None) -> tuple[list, list[int]]:
-    """Token ids truncated as the tokenizer truncates (it keeps its special tokens), and each row's full length where
-    truncation cut it (0 elsewhere): what train's, evaluate's and predict's warnings count."""
-    ids = tokenize(tokenizer, texts, pairs, truncate=False)
-    limit = max_length or tokenizer.model_max_length
-    long = [i for i, row in enumerate(ids) if len(row) > limit]
-    cut_from = [0] * len(ids)
-    if long:
-        shortened = tokenize(tokenizer, [texts[i] for i in long], pairs and [pairs[i] for i in long], max_length)
-        for i, row in zip(long, shortened, strict=True):
-            cut_from[i], ids[i] = len(ids[i]), row
-    return ids, cut_from
-
-
-def encode_batch(batch, tokenizer, text_key, pair_key, label_key, problem_type, label2id, max_length):
-    """One `map` batch: token ids, their count (for the evaluation cadence and the model's length limit), the
-    encoded labels, and the full length of each row that truncation cut (0 where nothing was cut), for train's
-    warning."""
-    texts, pairs = texts_of(batch, text_key, pair_key)
-    ids, cut_from = tokenize_cutting(tokenizer, texts, pairs, max_length)
-    return {
-        "input_ids": ids,
-        "length": [len(i) for i in ids],
-        "labels": encode_labels(batch[label_key], problem_type, label2id, "map"),
-        "cut_from": cut_from,
-    }
 
 
 class CutCount:
@@ -419,48 +268,11 @@ def cut_warning(command: str, path, rows: int, longest: int, limit: int, advice:
     )
 
 
-def cut_rows(table, path, flag_limit: int) -> str | None:
-    """train's warning about rows that truncation cut (an `encoded` table), or None."""
-    import pyarrow.compute as pc
-
-    count, longest = 0, 0
-    for batch in arrow_batches(table, ["cut_from"]):
-        column = batch.column("cut_from")
-        count += pc.sum(pc.greater(column, 0)).as_py() or 0
-        longest = max(longest, pc.max(column).as_py() or 0)
-    if not count:
-        return None
-    advice = "--max-length chooses the length, up to the model's positions"
-    return cut_warning("train", path, count, longest, flag_limit, advice)
-
-
 def workers(rows: int) -> int | None:
     """Tokenizer worker processes for `map`: one per core (at most 8) for large tables, none for small ones."""
     if rows < 2 * ROWS_PER_WORKER:
         return None
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-
-
-def encoded(table, tokenizer, args, problem_type, label2id, max_length):
-    """The table as `input_ids`, `length` and `labels` columns: a batched `map` with workers, cached by datasets
-    (a second process of the same job, or a second run on the same file and tokenizer, reads the cache)."""
-    return table.map(
-        encode_batch,
-        batched=True,
-        batch_size=MAP_BATCH,
-        num_proc=workers(len(table)),
-        remove_columns=table.column_names,
-        fn_kwargs=dict(
-            tokenizer=tokenizer,
-            text_key=args.text_key,
-            pair_key=args.text_pair_key,
-            label_key=args.label_key,
-            problem_type=problem_type,
-            label2id=label2id,
-            max_length=max_length,
-        ),
-        desc="tokenizing",
-    )
 
 
 def column_max(table, key) -> int:
@@ -469,12 +281,35 @@ def column_max(table, key) -> int:
     return max((pc.max(batch.column(key)).as_py() or 0 for batch in arrow_batches(table, [key])), default=0)
 
 
-def label_counts(table, key, names) -> list[int]:
-    """How often each of `names` occurs in a single-label column (one Arrow pass)."""
-    import pyarrow.compute as pc
+def cached_map(table, function, desc: str, keep_columns=False, **options):
+    """`table.map(function)` in batches of MAP_BATCH rows with `options` as its keyword arguments, on worker processes
+    for large tables, cached by datasets (a second process of the same job, or a second run on the same file and
+    tokenizer, reads the cache); the table's own columns are dropped unless `keep_columns`."""
+    return table.map(
+        function,
+        batched=True,
+        batch_size=MAP_BATCH,
+        num_proc=workers(len(table)),
+        remove_columns=None if keep_columns else table.column_names,
+        fn_kwargs=options,
+        desc=desc,
+    )
 
-    counts = dict.fromkeys(names, 0)
-    for batch in arrow_batches(table, [key]):
-        for entry in pc.value_counts(batch.column(key)).to_pylist():
-            counts[str(entry["values"])] += entry["counts"]
-    return [counts[name] for name in names]
+
+class RowProblems:
+    """The rows a check found wrong, by problem (in the order the problems are listed): `refuse` raises one line for
+    the first problem that has rows, with their count, the first row and the fix."""
+
+    def __init__(self, fixes: dict[str, str], unit: str):
+        self.fixes, self.unit = fixes, unit
+        self.rows: dict[str, list[int]] = {problem: [] for problem in fixes}
+
+    def add(self, problem: str, row: int) -> None:
+        self.rows[problem].append(row)
+
+    def refuse(self, path, first_row=lambda row: f"first at row {row}") -> None:
+        for problem, rows in self.rows.items():
+            if rows:
+                raise CliError(
+                    f"{path}: {problem} in {len(rows)} {self.unit}, {first_row(rows[0])}; {self.fixes[problem]}"
+                )

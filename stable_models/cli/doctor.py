@@ -5,7 +5,6 @@ stock class and the Stable class side by side, and prints what is wrong and what
 Stable class is healthy on this checkpoint and data, 1 otherwise.
 """
 
-import json
 import os
 import sys
 import time
@@ -14,9 +13,10 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from ..modeling_precision import low_precision_trainables
+from ..numerics import check_numerics
 from ..registry import stable_class_for
 from .arguments import doctor_parser
-from .logs import LogError
+from .errors import CliError, report
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SENTENCES = [
@@ -29,7 +29,6 @@ SENTENCES = [
     "Not bad.",
     "Visually stunning yet emotionally hollow, it never earns its grand finale.",
 ]
-PADDING_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 8 * 2**-7, torch.float16: 8 * 2**-10}  # x max(1, |logit|)
 
 
 class Report:
@@ -51,43 +50,20 @@ def progress(text):
     print(f"[doctor] {text}", file=sys.stderr, flush=True)
 
 
-class DoctorError(Exception):
-    """A problem with the doctor's own input (folder, data file, log): printed as one line, no traceback."""
-
-
 def load_texts(path, text_key="text", label_key="label"):
-    """(texts, labels or None) from JSON lines; labels may be ints or strings (mapped to ids in sorted order)."""
+    """(texts, labels or None) from a data file in any format train reads; labels may be ints or strings (mapped to
+    ids in sorted order). Without a file: SENTENCES."""
     if path is None:
         return SENTENCES, None
-    if not os.path.isfile(path):
-        raise DoctorError(f"--data {path}: no such file")
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise DoctorError(f"--data {path}, line {number}: not a JSON object ({line.strip()[:40]!r})") from None
-            if not isinstance(row, dict) or text_key not in row:
-                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise DoctorError(
-                    f"--data {path}, line {number}: no {text_key!r} key (keys: {keys}); name it with --text-key"
-                )
-            rows.append((number, row))
-    if not rows:
-        raise DoctorError(f"--data {path}: no lines with data")
-    with_label = [number for number, row in rows if label_key in row]
-    if with_label and len(with_label) != len(rows):
-        missing = [number for number, row in rows if label_key not in row][:10]
-        raise DoctorError(
-            f"--data {path}: {len(with_label)} of {len(rows)} lines have a {label_key!r}; lines {missing} have none: "
-            "label every line or none"
-        )
-    texts = [str(row[text_key]) for _, row in rows]
-    labels = [row[label_key] for _, row in rows] if with_label else None
-    return texts, labels
+    from .data import read_table, refuse_missing, require_column
+
+    table = read_table(path)
+    require_column(table, text_key, path, "--text-key")  # empty texts are left out with a warning (drop_empty_texts)
+    labels = None
+    if label_key in table.column_names:
+        refuse_missing(table, label_key, path, "label")
+        labels = list(table[label_key])
+    return ["" if t is None else str(t) for t in table[text_key]], labels
 
 
 def label_ids(labels, report):
@@ -113,7 +89,7 @@ def drop_empty_texts(texts, labels, tokenizer, report):
     )
     keep = [i for i in range(len(texts)) if i not in set(empty)]
     if not keep:
-        raise DoctorError("every text is empty or tokenizes to nothing")
+        raise CliError("every text is empty or tokenizes to nothing")
     return [texts[i] for i in keep], None if labels is None else [labels[i] for i in keep]
 
 
@@ -172,32 +148,19 @@ def report_code_files(folder, report) -> None:
 
 
 def run_one(model, batch, alone_inputs, labels):
-    """Forward and backward once; returns a dict of measurements."""
-    model.train()
-    out = model(**batch, labels=labels)
-    out.loss.backward()
-    grads_finite = all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    finite = bool(torch.isfinite(out.logits).all() and torch.isfinite(out.loss) and grads_finite)
-    model.zero_grad()
-    model.eval()
-    with torch.no_grad():
-        batched = model(**batch).logits.float()
-        alone = torch.cat([model(**inputs).logits.float() for inputs in alone_inputs])
-        halved = model(**batch, labels=labels, num_items_in_batch=2 * labels.numel()).loss
-        full = model(**batch, labels=labels).loss
-    if not finite:
-        from ..guards import first_non_finite_module  # pulls in transformers' Trainer: only when it is needed
-    result = {
-        "finite": finite,
-        "loss": out.loss.item(),
-        "loss dtype": out.loss.dtype,
-        "padding error": (batched - alone).abs().max().item(),
-        "logit scale": alone.abs().max().item(),
-        "honours num_items_in_batch": bool(torch.isclose(halved * 2, full, rtol=1e-3)),
-        "first non-finite": None if finite else first_non_finite_module(model, {**batch, "labels": labels}),
+    """The numerics check (stable_models.numerics): the padded batch against each row alone; a dict of
+    measurements for the table."""
+    found = check_numerics(model, batch, labels, [(inputs, labels[i : i + 1]) for i, inputs in enumerate(alone_inputs)])
+    return {
+        "finite": found.finite,
+        "loss": found.loss,
+        "loss dtype": found.loss_dtype,
+        "padding error": found.padding_error,
+        "padding tolerance": found.padding_tolerance(model.dtype),
+        "honours num_items_in_batch": found.honours_num_items,
+        "first non-finite": found.first_non_finite,
         "non-finite weights": [n for n, p in model.named_parameters() if not torch.isfinite(p).all()],
     }
-    return result
 
 
 def diagnose(args) -> int:
@@ -205,7 +168,7 @@ def diagnose(args) -> int:
     dtype = DTYPES[args.dtype]
     start = time.perf_counter()
     if not os.path.isdir(args.model) or not os.path.isfile(os.path.join(args.model, "config.json")):
-        raise DoctorError(f"--model {args.model}: not a folder with a config.json (a local checkpoint is needed)")
+        raise CliError(f"--model {args.model}: not a folder with a config.json (a local checkpoint is needed)")
     texts, labels = load_texts(args.data, args.text_key, args.label_key)
     progress(f"loading tokenizer and config from {args.model}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -277,7 +240,7 @@ def diagnose(args) -> int:
             report.fail(where, "load in bf16 instead" if dtype == torch.float16 else "check the data and the weights")
     else:
         report.ok("Stable: loss, logits and gradients are finite")
-        tolerance = PADDING_TOLERANCE[dtype] * max(1.0, stable["logit scale"])
+        tolerance = stable["padding tolerance"]
         if stable["padding error"] <= tolerance:
             report.ok(f"Stable: padding changes logits by {stable['padding error']:.2e} (<= {tolerance:.1e})")
         else:
@@ -317,20 +280,20 @@ def diagnose(args) -> int:
 
 def main(argv=None) -> int:
     """`python -m stable_models doctor ...` (the arguments are parsed by arguments.doctor_parser, before torch is
-    imported)."""
+    imported); a bad input is the command line's one-line error, exit 2."""
     parser = doctor_parser()
-    return run(parser, parser.parse_args(argv))
+    try:
+        return run(parser, parser.parse_args(argv))
+    except CliError as error:
+        report(error)
+        return 2
 
 
 def run(parser, args) -> int:
     if (args.model is None) == (args.log is None):
         parser.error("give --model DIR (run a checkpoint) or --log FILE (explain a Trainer log)")
-    try:
-        if args.log:
-            from .logs import explain_log
+    if args.log:
+        from .logs import explain_log
 
-            return explain_log(args.log, args.num_labels)
-        return diagnose(args)
-    except (DoctorError, LogError) as error:
-        print(f"doctor: error: {error}", file=sys.stderr)
-        return 2
+        return explain_log(args.log, args.num_labels)
+    return diagnose(args)

@@ -222,14 +222,14 @@ MAX_EVALUATIONS = 5
 TRAIN_COST = 2  # forward passes a trained token costs (forward, and a backward without the frozen weights' grads)
 
 
-def evaluation_cadence(args, training, train_set, eval_set) -> str:
+def evaluation_cadence(args, training, train_set, eval_set, token_columns=("input_ids",)) -> str:
     """Without --eval-steps: evaluate (and save) as often as keeps evaluation under EVAL_SHARE of the run, at most
     MAX_EVALUATIONS times, at least once (at the last step), from the tokens one process trains and evaluates.
     Sets training.eval_steps and save_steps; returns the line train prints."""
     if args.eval_steps:
         return f"evaluating every {args.eval_steps} steps (--eval-steps)"
     steps = planned_steps(args, len(train_set), training.world_size)
-    per_step = mean_tokens(train_set) * args.batch_size * args.grad_accum
+    per_step = mean_tokens(train_set, token_columns) * args.batch_size * args.grad_accum
     evaluated = sum(eval_set.with_format("arrow")["length"].to_pylist()) / training.world_size
     affordable = EVAL_SHARE / (1 - EVAL_SHARE) * TRAIN_COST * per_step * steps / max(evaluated, 1)
     training.eval_steps = training.save_steps = math.ceil(steps / max(1, min(MAX_EVALUATIONS, int(affordable))))
@@ -241,15 +241,14 @@ def evaluation_cadence(args, training, train_set, eval_set) -> str:
     )
 
 
-def mean_tokens(dataset, sample=256) -> float:
+def mean_tokens(dataset, columns, sample=256) -> float:
     """Mean tokens per training example, over the first `sample` as the Trainer will draw them (with --negatives, a
-    reranker's groups are cut to the sampled negatives): every *input_ids column, lists of lists included."""
+    reranker's groups are cut to the sampled negatives): the task's token-id columns, lists of lists included."""
     rows = dataset[: min(sample, len(dataset))]
 
     def count(value):
         return sum(count(v) for v in value) if value and isinstance(value[0], list) else len(value)
 
-    columns = [name for name in rows if name.endswith("input_ids")]
     total = sum(count(ids) for name in columns for ids in rows[name])
     return total / max(1, len(rows[columns[0]]))
 

@@ -12,9 +12,11 @@ import re
 
 import torch
 
+from .errors import CliError
 
-class LogError(Exception):
-    """A log that cannot be read: the doctor prints it as one line, no traceback."""
+
+class LogError(CliError):
+    """A log that cannot be read: the command line's one-line error, no traceback."""
 
 
 DICT_PATTERN = re.compile(r"\{[^{}]*'loss'[^{}]*\}|\{[^{}]*\"loss\"[^{}]*\}")

@@ -12,18 +12,18 @@ from pathlib import Path
 
 from .plots import PLOTS_HINT
 
-CSV_PREFIXES = {"probabilities": "p_"}  # a dict-valued field becomes one CSV column per key: p_<label>
-
 
 class PredictionWriter:
     """predict's rows as they are scored: each rank appends JSON lines to its own part file; `finish` has rank 0 join
     the parts in rank order into --output's format, adding each row's rank within its group when `ranked_by` =
     (group column, score field) is given (keeping the `top_k` best of each group), and move the result onto --output
-    only when it is complete. Ranks need only (group, score) per row in memory: one pass over the parts collects
-    them, a second writes."""
+    only when it is complete. In a CSV file a dict-valued field becomes one column per key, named with the task's
+    `csv_prefixes` (classification: p_<label>) or the field's name and "_". Ranks need only (group, score) per row in
+    memory: one pass over the parts collects them, a second writes."""
 
-    def __init__(self, output: Path, job, columns: list[str], ranked_by=None, top_k=None):
+    def __init__(self, output: Path, job, columns: list[str], ranked_by=None, top_k=None, csv_prefixes=None):
         self.output, self.job, self.columns, self.ranked_by, self.top_k = output, job, columns, ranked_by, top_k
+        self.csv_prefixes = csv_prefixes or {}
         self.part = self.part_of(job.rank)
         self.handle = open(self.part, "w", encoding="utf-8")
 
@@ -47,7 +47,7 @@ class PredictionWriter:
         try:
             ranks = self.group_scores(parts) if self.ranked_by else None
             with open(joined, "w", newline="", encoding="utf-8") as handle:
-                write_row = row_writer(handle, self.output.suffix, self.columns)
+                write_row = row_writer(handle, self.output.suffix, self.columns, self.csv_prefixes)
                 for row in rows_of(parts):
                     if ranks is not None:
                         group, field = self.ranked_by
@@ -81,9 +81,9 @@ def rows_of(parts):
                 yield json.loads(line)
 
 
-def row_writer(handle, suffix: str, columns: list[str]):
+def row_writer(handle, suffix: str, columns: list[str], prefixes: dict):
     """A function writing one row: a JSON line, or a CSV row (lists of labels joined by ';', conversations as JSON,
-    a dict-valued field spread over its CSV_PREFIXES columns)."""
+    a dict-valued field spread over one column per key, named with its prefix)."""
     if suffix != ".csv":
         return lambda row: handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     writer = csv.DictWriter(handle, fieldnames=columns)
@@ -93,7 +93,7 @@ def row_writer(handle, suffix: str, columns: list[str]):
         flat = {}
         for key, value in row.items():
             if isinstance(value, dict):
-                flat.update({f"{CSV_PREFIXES.get(key, key + '_')}{k}": v for k, v in value.items()})
+                flat.update({f"{prefixes.get(key, key + '_')}{k}": v for k, v in value.items()})
             elif isinstance(value, list) and all(isinstance(v, str) for v in value):
                 flat[key] = ";".join(value)
             elif isinstance(value, (list, tuple)):

@@ -3,14 +3,16 @@ Bradley-Terry training on packed pairs, pairwise evaluation (accuracy, margins, 
 and a reward per response out. A reward model is a Stable classifier with one output labelled "reward"."""
 
 import sys
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from ..metrics import pair_logits, pairwise_metrics
-from .data import column_max, read_table, require_column, split_eval
+from ..metrics import pairwise_metrics
+from .data import column_max, require_column
 from .errors import CliError
 from .preference_data import (
+    PreferenceLayout,
     check_pairs,
     encode_pairs,
     encoded_pairs,
@@ -21,10 +23,27 @@ from .preference_data import (
     response_layout,
     template_summary,
 )
-from .tasks import ModelInputs, Task, TrainingData
+from .task_steps import ModelInputs, Task, TrainingData, copied_rows, float_metrics, held_out, keep_trained_length
 
 REWARD = "reward"  # the one label of a reward model (config.id2label)
 PAIR_SCORES = ["reward_chosen", "reward_rejected", "preferred", "probability_chosen"]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Preference pairs to score (evaluate; predict on a pair file): both responses of each row."""
+
+    layout: PreferenceLayout
+
+
+@dataclass(frozen=True)
+class Responses:
+    """Single responses to reward (predict): texts or conversations, an optional prompt column, optional groups."""
+
+    key: str  # the response column
+    conversational: bool
+    prompt: bool  # an explicit `prompt` column
+    group_key: str | None  # --group-key: rank the responses within each group
 
 
 class Preference(Task):
@@ -33,6 +52,7 @@ class Preference(Task):
     noun = "pairs"
     reads = {"train": {"center_rewards"}, "predict": {"text_key", "group_key", "top_k"}}
     summary_keys = ("accuracy", "margin_mean", "loss", "ece")
+    token_columns = ("chosen_input_ids", "rejected_input_ids")
 
     def claims(self, table) -> bool:
         return is_preference(table)  # `chosen` and `rejected` columns
@@ -43,15 +63,10 @@ class Preference(Task):
     # --- train
     def read(self, args, table, say) -> TrainingData:
         """--train (and --eval, or a held-out --eval-fraction) as checked preference pairs of one layout."""
-        layouts = [read_pairs(table, args.train, say)]
-        if args.eval:
-            eval_table = read_table(args.eval, args.encoding)
-            layouts.append(read_pairs(eval_table, args.eval, say))
-        else:
-            table, eval_table = split_eval(table, args.eval_fraction, args.seed, args.train)
-            layouts.append(layouts[0])
+        layout = read_pairs(table, args.train, say)
+        table, eval_table, eval_layout = held_out(args, table, lambda t: (t, read_pairs(t, args.eval, say)))
         # a reward: one unbounded output
-        return TrainingData(self, table, eval_table, "regression", [REWARD], tuple(layouts))
+        return TrainingData(self, table, eval_table, "regression", [REWARD], (layout, eval_layout or layout))
 
     def describe_model(self, data) -> str:
         return "reward"
@@ -75,17 +90,17 @@ class Preference(Task):
             if len(pairs) == 0:
                 raise CliError(f"every {name} pair is longer than {limit} tokens a side; raise --max-length")
             sets.append(pairs)
-        tokenizer.model_max_length = limit if limit < 10**9 else tokenizer.model_max_length
+        keep_trained_length(tokenizer, limit)
         return tuple(sets)
 
     def longest(self, train_set, tokenizer) -> int:
         return column_max(train_set, "longer")
 
     def collator(self, tokenizer, packing: bool, model):
-        from ..packing import PackedPairCollator
+        from ..packing import PackedPairCollator, PaddedPairCollator
 
         inner = PackedPairCollator(pad_token_id=tokenizer.pad_token_id) if packing else PaddedPairCollator(tokenizer)
-        return ModelInputs(inner, ("chosen_input_ids", "rejected_input_ids", "margin"))
+        return ModelInputs(inner, (*self.token_columns, "margin"))
 
     def trainer_class(self):
         from ..trainers import PairwiseTrainer
@@ -109,91 +124,83 @@ class Preference(Task):
         return ids, [1.0, 0.0] * (len(ids) // 2), torch.float32
 
     # --- evaluate and predict
-    def scoring_input(self, args, table, config, tokenizer, command, say):
-        """evaluate: preference pairs. predict: pairs, or single responses (texts or conversations) to reward."""
-        if is_preference(table):
-            layout = read_pairs(table, args.data, say)
-            check_renderable(layout, tokenizer, args.model, args.data)
-            return ("pairs", layout)
-        if command == "evaluate":
+    def evaluation_input(self, args, table, config, tokenizer, say) -> Pairs:
+        if not is_preference(table):
             raise CliError(
                 f"{args.data}: {args.model} is a reward model; evaluate it on preference data ('chosen' and 'rejected' "
                 "columns)"
             )
+        return self.pairs(args, table, tokenizer, say)
+
+    def prediction_input(self, args, table, config, tokenizer, say) -> Pairs | Responses:
+        """Pairs, or single responses (texts or conversations) to reward."""
+        if is_preference(table):
+            return self.pairs(args, table, tokenizer, say)
         key, conversational, prompt = response_layout(table, args.text_key, args.data)
         if conversational:
             require_template(tokenizer, args.model, args.data)
         if args.group_key:
             require_column(table, args.group_key, args.data, "--group-key")
-        return ("responses", (key, conversational, prompt))
+        return Responses(key, conversational, prompt, args.group_key)
 
-    def scored_columns(self, spec, args) -> list[str]:
-        kind, layout = spec
-        if kind == "pairs":
+    @staticmethod
+    def pairs(args, table, tokenizer, say) -> Pairs:
+        layout = read_pairs(table, args.data, say)
+        check_renderable(layout, tokenizer, args.model, args.data)
+        return Pairs(layout)
+
+    def scored_columns(self, scoring: Pairs | Responses, args) -> list[str]:
+        if isinstance(scoring, Pairs):
+            layout = scoring.layout
             optional = [name for name, present in (("prompt", layout.prompt), ("margin", layout.margin)) if present]
             return ["chosen", "rejected"] + optional
-        key, _, prompt = layout
-        return list(
-            dict.fromkeys([key] + (["prompt"] if prompt else []) + ([args.group_key] if args.group_key else []))
-        )
+        return list(dict.fromkeys([scoring.key] + (["prompt"] if scoring.prompt else []) + responses_group(scoring)))
 
-    def render(self, spec, tokenizer, args, cuts):
+    def render(self, scoring: Pairs | Responses, tokenizer, args, cuts):
         """Responses are scored whole (training drops over-long pairs rather than cut a response's end)."""
-        kind, layout = spec
-        if kind == "pairs":
+        if isinstance(scoring, Pairs):
 
             def render(batch):
-                encoded = encode_pairs(batch, tokenizer, layout)
+                encoded = encode_pairs(batch, tokenizer, scoring.layout)
                 return [encoded["chosen_input_ids"], encoded["rejected_input_ids"]]
 
             return render
-        key, conversational, prompt = layout
 
         def render(batch):
-            return [rendered_ids(tokenizer, batch[key], batch["prompt"] if prompt else None, conversational)]
+            prompts = batch["prompt"] if scoring.prompt else None
+            return [rendered_ids(tokenizer, batch[scoring.key], prompts, scoring.conversational)]
 
         return render
 
-    def evaluation(self, args, model, table, spec, scores) -> dict:
+    def evaluation(self, args, model, table, scoring: Pairs, scores) -> dict:
         """Pairwise accuracy, margins, calibration (--calibrate folds the Bradley-Terry temperature into `score`),
         per-subset accuracy and RewardBench sections."""
-        from ..calibration import calibrate_logits
+        from ..calibration import calibrate_pairwise
         from .plots import plot_rewards
 
-        _, layout = spec
         rewards = scores[:, :, 0].double()
         chosen, rejected = rewards[:, 0], rewards[:, 1]
-        subsets = table["subset"] if layout.subset else None
+        subsets = table["subset"] if scoring.layout.subset else None
         report = {"task": self.name, **pairwise_metrics(chosen, rejected, subsets)}
         if args.calibrate:
-            fitted, calibrated = calibrate_logits(
-                model, pair_logits(chosen, rejected), [1] * len(chosen), "single_label_classification"
-            )
-            chosen, rejected = calibrated[:, 1], calibrated[:, 0]
+            fitted, chosen, rejected = calibrate_pairwise(model, chosen, rejected, [1] * len(chosen))
             report.update(pairwise_metrics(chosen, rejected, subsets))
             report["calibration"] = fitted
         draw = partial(plot_rewards, report, chosen, rejected)
         return {"report": report, "draw": draw, "text": report_text, "fitted": "Bradley-Terry temperature"}
 
-    def prediction_columns(self, spec, config, args) -> list[str]:
-        kind, layout = spec
-        if kind == "pairs":
-            return list(dict.fromkeys((["prompt"] if layout.prompt else []) + ["chosen", "rejected"])) + PAIR_SCORES
-        key, _, prompt = layout
-        copied = list(
-            dict.fromkeys((["prompt"] if prompt else []) + [key] + ([args.group_key] if args.group_key else []))
-        )
-        return copied + ["reward"] + (["rank"] if args.group_key else [])
+    def prediction_columns(self, scoring: Pairs | Responses, config, args) -> list[str]:
+        if isinstance(scoring, Pairs):
+            prompt = ["prompt"] if scoring.layout.prompt else []
+            return list(dict.fromkeys(prompt + ["chosen", "rejected"])) + PAIR_SCORES
+        copied = (["prompt"] if scoring.prompt else []) + [scoring.key] + responses_group(scoring)
+        return list(dict.fromkeys(copied)) + ["reward"] + (["rank"] if scoring.group_key else [])
 
-    def prediction_rows(self, batch, scores, spec, config, args) -> list[dict]:
+    def prediction_rows(self, batch, scores, scoring: Pairs | Responses, config, args) -> list[dict]:
         """A reward per response; for a pair file both rewards and the preferred side."""
-        kind, _ = spec
-        copied = [c for c in self.prediction_columns(spec, config, args) if c in batch]
-        rewards = scores[:, :, 0].double()
-        rows = []
-        for i, values in enumerate(rewards.tolist()):
-            row = {c: batch[c][i] for c in copied}
-            if kind == "pairs":
+        rows = copied_rows(batch, self.prediction_columns(scoring, config, args))
+        for row, values in zip(rows, scores[:, :, 0].double().tolist(), strict=True):
+            if isinstance(scoring, Pairs):
                 difference = values[0] - values[1]
                 row.update(
                     reward_chosen=values[0],
@@ -203,12 +210,15 @@ class Preference(Task):
                 )
             else:
                 row["reward"] = values[0]
-            rows.append(row)
         return rows
 
-    def ranked_by(self, spec, args):
+    def ranked_by(self, scoring: Pairs | Responses, args):
         """--group-key: each response's rank in its group by reward (1 = highest; best-of-n)."""
-        return (args.group_key, "reward") if args.group_key and spec[0] == "responses" else None
+        return (scoring.group_key, "reward") if isinstance(scoring, Responses) and scoring.group_key else None
+
+
+def responses_group(scoring: Responses) -> list[str]:
+    return [scoring.group_key] if scoring.group_key else []
 
 
 def read_pairs(table, path, say=print):
@@ -236,28 +246,10 @@ def rendering(layout, tokenizer) -> str:
     return f"prompt + response texts, eos {tokenizer.eos_token!r} appended (as TRL's RewardTrainer)"
 
 
-class PaddedPairCollator:
-    """--no-packing (and recurrent models): the pair responses padded, in PackedPairCollator's order and labels."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def __call__(self, features):
-        from ..packing import pair_responses
-
-        responses = pair_responses(features)
-        batch = dict(self.tokenizer.pad({"input_ids": [r["input_ids"] for r in responses]}, return_tensors="pt"))
-        batch["labels"] = torch.stack([r["labels"] for r in responses])
-        if "margin" in features[0]:
-            batch["margin"] = torch.tensor([float(f["margin"]) for f in features])
-        return batch
-
-
 def compute_pair_metrics(prediction) -> dict:
     """Trainer's evaluation: one row (r_chosen, r_rejected) per pair (PairwiseTrainer.prediction_step)."""
     rewards = torch.as_tensor(prediction.predictions).double()
-    report = pairwise_metrics(rewards[:, 0], rewards[:, 1])
-    return {k: v for k, v in report.items() if isinstance(v, float)}
+    return float_metrics(pairwise_metrics(rewards[:, 0], rewards[:, 1]))
 
 
 def report_text(report) -> str:

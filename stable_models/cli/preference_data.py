@@ -13,14 +13,14 @@ conversations are `prompt + response` messages through the tokenizer's chat temp
 
 from dataclasses import dataclass
 
-from .data import CHECK_BATCH, arrow_batches, first_true, not_finite, require_column
+from .data import CHECK_BATCH, RowProblems, arrow_batches, cached_map, first_true, not_finite, require_column
 from .errors import CliError
 
-SIDES = ("chosen", "rejected")
+PAIR_SIDES = ("chosen", "rejected")  # the two responses of a preference pair
 
 
 def is_preference(table) -> bool:
-    return set(SIDES) <= set(table.column_names)
+    return set(PAIR_SIDES) <= set(table.column_names)
 
 
 def is_messages(arrow_type) -> bool:
@@ -40,7 +40,7 @@ def is_text(arrow_type) -> bool:
 
 
 @dataclass(frozen=True)
-class Layout:
+class PreferenceLayout:
     """Which of TRL's preference layouts a table has."""
 
     conversational: bool
@@ -53,15 +53,15 @@ class Layout:
         return f"{'explicit' if self.prompt else 'implicit'} prompt, {kind}" + (", margins" if self.margin else "")
 
 
-def preference_layout(table, path) -> Layout:
+def preference_layout(table, path) -> PreferenceLayout:
     """The layout of a preference table, or a one-line error naming what is missing or mixed."""
-    missing = [side for side in SIDES if side not in table.column_names]
+    missing = [side for side in PAIR_SIDES if side not in table.column_names]
     if missing:
         raise CliError(
             f"{path}: no column {missing[0]!r} (columns: {', '.join(table.column_names)}); preference data needs "
             "'chosen' and 'rejected' (and optionally 'prompt', 'margin'), as in TRL"
         )
-    columns = [*SIDES] + (["prompt"] if "prompt" in table.column_names else [])
+    columns = [*PAIR_SIDES] + (["prompt"] if "prompt" in table.column_names else [])
     schema = table.data.schema
     kinds = {
         key: "messages"
@@ -89,7 +89,7 @@ def preference_layout(table, path) -> Layout:
             schema.field("margin").type
         ):
             raise CliError(f"{path}: column 'margin' must hold numbers (Llama 2's margin loss)")
-    return Layout(
+    return PreferenceLayout(
         conversational=kinds["chosen"] == "messages",
         prompt="prompt" in columns,
         margin="margin" in table.column_names,
@@ -97,12 +97,12 @@ def preference_layout(table, path) -> Layout:
     )
 
 
-def check_pairs(table, layout: Layout, path) -> int:
+def check_pairs(table, layout: PreferenceLayout, path) -> int:
     """Refuses missing or empty responses, conversations without a final assistant turn, and implicit-prompt
     conversations whose prompts differ; returns how many pairs have chosen identical to rejected (the caller warns)."""
     import pyarrow.compute as pc
 
-    columns = [*SIDES] + (["prompt"] if layout.prompt else []) + (["margin"] if layout.margin else [])
+    columns = [*PAIR_SIDES] + (["prompt"] if layout.prompt else []) + (["margin"] if layout.margin else [])
     for key in columns:
         count, first = first_true(
             pc.is_null(batch.column(key), nan_is_null=True) for batch in arrow_batches(table, [key])
@@ -120,7 +120,7 @@ def check_pairs(table, layout: Layout, path) -> int:
                 "makes every loss infinite; fill or drop those rows"
             )
     if not layout.conversational:
-        for side in SIDES:
+        for side in PAIR_SIDES:
             count, first = first_true(
                 pc.match_substring_regex(batch.column(side), r"^\s*$") for batch in arrow_batches(table, [side])
             )
@@ -129,38 +129,38 @@ def check_pairs(table, layout: Layout, path) -> int:
                     f"{path}: {side!r} is empty in {count} row(s), first at row {first + 1}: a pair needs both "
                     "responses; fill or drop those rows"
                 )
-        return first_true(pc.equal(b.column("chosen"), b.column("rejected")) for b in arrow_batches(table, SIDES))[0]
+        return first_true(pc.equal(b.column("chosen"), b.column("rejected")) for b in arrow_batches(table, PAIR_SIDES))[
+            0
+        ]
     return check_conversations(table, layout, path)
 
 
-def check_conversations(table, layout: Layout, path) -> int:
+def check_conversations(table, layout: PreferenceLayout, path) -> int:
     """The checks that need each conversation (Python, CHECK_BATCH rows at a time)."""
-    problems = {"empty": [], "no final assistant turn": [], "prompts differ": []}
+    problems = RowProblems(
+        {
+            "empty": "a pair needs both responses, each ending in a non-empty message: fix or drop those rows",
+            "no final assistant turn": "each of 'chosen' and 'rejected' must end with the assistant's response: fix "
+            "or drop those rows",
+            "prompts differ": "without a 'prompt' column the two conversations must share every message but the "
+            "last (the implicit prompt); put the shared turns in a 'prompt' column, or drop those rows",
+        },
+        "pair(s)",
+    )
     identical, offset = 0, 0
-    for batch in table.select_columns(list(SIDES)).iter(batch_size=CHECK_BATCH):
+    for batch in table.select_columns(list(PAIR_SIDES)).iter(batch_size=CHECK_BATCH):
         for row, (chosen, rejected) in enumerate(zip(batch["chosen"], batch["rejected"], strict=True)):
-            where = offset + row
+            where = offset + row + 1
             for messages in (chosen, rejected):
                 if not messages or not str(messages[-1].get("content") or "").strip():
-                    problems["empty"].append(where)
+                    problems.add("empty", where)
                 elif messages[-1].get("role") != "assistant":
-                    problems["no final assistant turn"].append(where)
+                    problems.add("no final assistant turn", where)
             if not layout.prompt and chosen and rejected and chosen[:-1] != rejected[:-1]:
-                problems["prompts differ"].append(where)
+                problems.add("prompts differ", where)
             identical += chosen == rejected
         offset += len(batch["chosen"])
-    fixes = {
-        "empty": "a pair needs both responses, each ending in a non-empty message",
-        "no final assistant turn": "each of 'chosen' and 'rejected' must end with the assistant's response",
-        "prompts differ": "without a 'prompt' column the two conversations must share every message but the last "
-        "(the implicit prompt); put the shared turns in a 'prompt' column",
-    }
-    for problem, rows in problems.items():
-        if rows:
-            raise CliError(
-                f"{path}: {problem} in {len(rows)} pair(s), first at row {rows[0] + 1}: {fixes[problem]}; fix or drop "
-                "those rows"
-            )
+    problems.refuse(path)
     return identical
 
 
@@ -199,7 +199,7 @@ def rendered_ids(tokenizer, responses, prompts, conversational: bool) -> list[li
     return tokenizer(texts)["input_ids"]
 
 
-def encode_pairs(batch, tokenizer, layout: Layout):
+def encode_pairs(batch, tokenizer, layout: PreferenceLayout):
     """One `map` batch: both responses' token ids, their total length (for the evaluation cadence), the margin."""
     prompts = batch["prompt"] if layout.prompt else None
     chosen = rendered_ids(tokenizer, batch["chosen"], prompts, layout.conversational)
@@ -215,20 +215,10 @@ def encode_pairs(batch, tokenizer, layout: Layout):
     return out
 
 
-def encoded_pairs(table, tokenizer, layout: Layout, max_length: int):
+def encoded_pairs(table, tokenizer, layout: PreferenceLayout, max_length: int):
     """(pairs within max_length tokens a side, how many were dropped): TRL drops longer pairs rather than cut off
     the end of a response, which is the token a reward model reads."""
-    from .data import MAP_BATCH, workers
-
-    pairs = table.map(
-        encode_pairs,
-        batched=True,
-        batch_size=MAP_BATCH,
-        num_proc=workers(len(table)),
-        remove_columns=table.column_names,
-        fn_kwargs=dict(tokenizer=tokenizer, layout=layout),
-        desc="tokenizing pairs",
-    )
+    pairs = cached_map(table, encode_pairs, "tokenizing pairs", tokenizer=tokenizer, layout=layout)
     kept = pairs.filter(lambda longer: [n <= max_length for n in longer], batched=True, input_columns="longer")
     return kept, len(pairs) - len(kept)
 

@@ -7,16 +7,17 @@ template its inputs were rendered with, so evaluate, predict and vLLM read the s
 import json
 import random
 import sys
+from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
-from types import SimpleNamespace
 
 import torch
 
-from ..metrics import pair_logits, ranking_metrics
-from .data import column_max, read_table, split_eval
+from ..metrics import ranking_metrics
+from .data import check_texts, column_max, require_column
 from .errors import CliError
 from .ranking_data import (
+    RankingLayout,
     explode,
     mine_negatives,
     ranking_layout,
@@ -25,10 +26,29 @@ from .ranking_data import (
     template_of,
     tokenized_groups,
 )
-from .tasks import ModelInputs, Task, TrainingData
+from .task_steps import ModelInputs, Task, TrainingData, copied_rows, held_out, keep_trained_length, positions
 
 SCORE = "score"  # the one label of a reranker (config.id2label)
 METRIC_KEYS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@1", "recall@5", "recall@10")
+
+
+@dataclass(frozen=True)
+class QueryDocuments:
+    """What evaluate and predict score for a reranker: (query, document) inputs rendered with the template the model
+    was trained with, cut to `limit` tokens."""
+
+    layout: RankingLayout
+    template: str  # config.reranker_template
+    instruction: str | None  # config.reranker_instruction
+    limit: int  # the trained length, and never more than the model's positions
+    pointwise_rows: bool  # predict on pointwise rows: scored as they are, ranked within --group-key (or query)
+    group_key: str | None
+
+    @classmethod
+    def of(cls, layout, config, tokenizer, pointwise_rows: bool, group_key=None) -> "QueryDocuments":
+        limit = min(tokenizer.model_max_length, positions(config))
+        instruction = getattr(config, "reranker_instruction", None)
+        return cls(layout, config.reranker_template, instruction, limit, pointwise_rows, group_key)
 
 
 class Ranking(Task):
@@ -69,11 +89,11 @@ class Ranking(Task):
             raise CliError("--mine-negatives K and --corpus FILE go together")
         if args.mine_negatives:
             groups = mine_negatives(groups, args.corpus, args.mine_negatives, say, args.encoding)
-        if args.eval:
-            eval_table = read_table(args.eval, args.encoding)
-            eval_groups = read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval)
-        else:
-            groups, eval_groups = split_eval(groups, args.eval_fraction, args.seed, args.train)
+
+        def read_eval(eval_table):
+            return read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval), None
+
+        groups, eval_groups, _ = held_out(args, groups, read_eval)
         return TrainingData(self, groups, eval_groups, "regression", [SCORE], (layout,))
 
     def model_options(self, args, data) -> dict:
@@ -146,7 +166,7 @@ class Ranking(Task):
     def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
         template = trained_template(args)
         sets = [tokenized_groups(groups, tokenizer, template, limit) for groups in (data.train, data.eval)]
-        tokenizer.model_max_length = max(column_max(s, "longest") for s in sets)
+        keep_trained_length(tokenizer, max(column_max(s, "longest") for s in sets))
         return tuple(sets)
 
     def longest(self, train_set, tokenizer) -> int:
@@ -160,10 +180,10 @@ class Ranking(Task):
         from ..packing import PackedGroupCollator, PaddedGroupCollator
 
         if not packing:
-            return ModelInputs(PaddedGroupCollator(tokenizer), ("input_ids", "relevance", "teacher"))
+            return ModelInputs(PaddedGroupCollator(tokenizer), (*self.token_columns, "relevance", "teacher"))
         share = shared_prefix_obstacle(model.get_base_model() if hasattr(model, "get_base_model") else model) is None
         inner = PackedGroupCollator(pad_token_id=tokenizer.pad_token_id, share_prefixes=share)
-        return ModelInputs(inner, ("input_ids", "relevance", "teacher"))
+        return ModelInputs(inner, (*self.token_columns, "relevance", "teacher"))
 
     def training_set(self, args, train_set):
         """--negatives N: each time a group is drawn (every epoch), N of its negatives, sampled anew."""
@@ -195,53 +215,47 @@ class Ranking(Task):
         return ids, labels, torch.float32
 
     # --- evaluate and predict
-    def scoring_input(self, args, table, config, tokenizer, command, say):
+    def evaluation_input(self, args, table, config, tokenizer, say) -> QueryDocuments:
         layout = require_layout(table, args, args.data)
-        positions = getattr(config.get_text_config(), "max_position_embeddings", None) or 10**9
-        spec = {
-            "layout": layout,
-            "template": config.reranker_template,
-            "instruction": getattr(config, "reranker_instruction", None),
-            "limit": min(tokenizer.model_max_length, positions),
-            "rows": command == "predict" and layout.kind == "pointwise",  # scored as they are, ranked by group
-        }
-        if spec["rows"]:
-            from .data import check_texts
+        read_groups(table, layout, args, args.data, need_positive=True)
+        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
 
-            check_texts(table, SimpleNamespace(text_key="query", text_pair_key="document"), args.data)
-            if args.group_key:
-                from .data import require_column
+    def prediction_input(self, args, table, config, tokenizer, say) -> QueryDocuments:
+        layout = require_layout(table, args, args.data)
+        if layout.kind != "pointwise":
+            read_groups(table, layout, args, args.data, need_positive=False)
+            return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
+        check_texts(table, args.data, "query", "document")
+        if args.group_key:
+            require_column(table, args.group_key, args.data, "--group-key")
+        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=True, group_key=args.group_key)
 
-                require_column(table, args.group_key, args.data, "--group-key")
-        else:
-            read_groups(table, layout, args, args.data, need_positive=command == "evaluate")
-        return spec
-
-    def scored_table(self, args, table, spec):
-        if spec["rows"]:
+    def scored_table(self, args, table, scoring: QueryDocuments):
+        if scoring.pointwise_rows:
             return table
-        return explode(read_groups(table, spec["layout"], args, args.data, checked=False))  # scoring_input checked
+        return explode(read_groups(table, scoring.layout, args, args.data, checked=False))  # the input step checked
 
-    def scored_columns(self, spec, args) -> list[str]:
-        if spec["rows"]:
-            return list(dict.fromkeys(["query", "document"] + ([args.group_key] if args.group_key else [])))
+    def scored_columns(self, scoring: QueryDocuments, args) -> list[str]:
+        if scoring.pointwise_rows:
+            group = [scoring.group_key] if scoring.group_key else []
+            return list(dict.fromkeys(["query", "document"] + group))
         return ["group", "query", "document", "relevance", "position", "prompt"]
 
-    def render(self, spec, tokenizer, args, cuts):
-        template = template_of(spec["template"], spec["instruction"])
+    def render(self, scoring: QueryDocuments, tokenizer, args, cuts):
+        template = template_of(scoring.template, scoring.instruction)
 
         def render(batch):
             prompts = batch.get("prompt")
-            ids, cut_from = template_ids(template, tokenizer, batch["query"], batch["document"], spec["limit"], prompts)
-            cuts.add(cut_from, spec["limit"])
+            ids, cut_from = template_ids(template, tokenizer, batch["query"], batch["document"], scoring.limit, prompts)
+            cuts.add(cut_from, scoring.limit)
             return [ids]
 
         return render
 
-    def evaluation(self, args, model, table, spec, scores) -> dict:
+    def evaluation(self, args, model, table, scoring: QueryDocuments, scores) -> dict:
         """NDCG@1/5/10, MRR@10, MAP, Recall@1/5/10 over queries, the same for the input's own order (the first stage)
         and the lift; --calibrate fits a temperature to sigmoid(score) as the probability of relevance."""
-        from ..calibration import calibrate_logits
+        from ..calibration import calibrate_pairwise
         from .plots import plot_ranking
 
         scores = scores[:, 0, 0].double()
@@ -260,31 +274,26 @@ class Ranking(Task):
         }
         if args.calibrate:
             targets = (relevance > 0).long().tolist()
-            report["calibration"], _ = calibrate_logits(
-                model, pair_logits(scores, torch.zeros_like(scores)), targets, "single_label_classification"
-            )
+            report["calibration"], _, _ = calibrate_pairwise(model, scores, torch.zeros_like(scores), targets)
         draw = partial(plot_ranking, report, first_stage["per_query_ndcg@10"])
         return {"report": report, "draw": draw, "text": report_text, "fitted": "relevance temperature"}
 
-    def prediction_columns(self, spec, config, args) -> list[str]:
-        if spec["rows"]:
-            key = [args.group_key] if args.group_key and args.group_key not in ("query", "document") else []
+    def prediction_columns(self, scoring: QueryDocuments, config, args) -> list[str]:
+        if scoring.pointwise_rows:
+            key = [scoring.group_key] if scoring.group_key not in (None, "query", "document") else []
             return ["query", *key, "document", "score", "rank"]
         return ["group", "query", "document", "score", "rank"]
 
-    def prediction_rows(self, batch, scores, spec, config, args) -> list[dict]:
-        copied = [c for c in self.prediction_columns(spec, config, args) if c in batch]
-        rows = []
-        for i, value in enumerate(scores[:, 0, 0].tolist()):
-            row = {c: batch[c][i] for c in copied}
-            if not spec["rows"]:
+    def prediction_rows(self, batch, scores, scoring: QueryDocuments, config, args) -> list[dict]:
+        rows = copied_rows(batch, self.prediction_columns(scoring, config, args))
+        for i, (row, value) in enumerate(zip(rows, scores[:, 0, 0].tolist(), strict=True)):
+            if not scoring.pointwise_rows:
                 row["group"] = batch["group"][i] + 1  # the group's number in the input (1 = first)
             row["score"] = value
-            rows.append(row)
         return rows
 
-    def ranked_by(self, spec, args):
-        return ((args.group_key or "query") if spec["rows"] else "group", "score")
+    def ranked_by(self, scoring: QueryDocuments, args):
+        return ((scoring.group_key or "query") if scoring.pointwise_rows else "group", "score")
 
 
 def require_layout(table, args, path):

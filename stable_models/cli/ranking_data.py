@@ -19,12 +19,14 @@ import sys
 from dataclasses import dataclass
 
 from ..templates import RerankTemplate
-from .data import CHECK_BATCH, MAP_BATCH, no_progress_bars, require_column, workers
+from .data import CHECK_BATCH, MAP_BATCH, RowProblems, cached_map, no_progress_bars, require_column
 from .errors import CliError
 
 
 @dataclass(frozen=True)
-class Layout:
+class RankingLayout:
+    """Which of the reranking layouts a table has."""
+
     kind: str  # "flag", "tuples", "messages" or "pointwise"
     teacher: bool = False
     prompt: bool = False
@@ -44,18 +46,18 @@ def negative_columns(columns) -> list[str]:
     return numbered or (["negative"] if "negative" in columns else [])
 
 
-def ranking_layout(table, args=None) -> Layout | None:
+def ranking_layout(table, args=None) -> RankingLayout | None:
     """Which layout a table has, or None (not reranking data). Pointwise rows need `query` and `document` (and are
     not taken for a text-pair classifier's file, which names its columns with --text-key / --text-pair-key)."""
     columns = set(table.column_names)
     if {"query", "pos"} <= columns:
-        return Layout("flag", teacher="pos_scores" in columns, prompt="prompt" in columns)
+        return RankingLayout("flag", teacher="pos_scores" in columns, prompt="prompt" in columns)
     if {"query", "positive"} <= columns:
-        return Layout("tuples")
+        return RankingLayout("tuples")
     if {"messages", "positive_messages"} <= columns:
-        return Layout("messages")
+        return RankingLayout("messages")
     if {"query", "document"} <= columns and not (args is not None and getattr(args, "text_pair_key", None)):
-        return Layout("pointwise")
+        return RankingLayout("pointwise")
     return None
 
 
@@ -68,7 +70,7 @@ def last_user_turn(messages) -> str:
     return str((users[-1] if users else {}).get("content") or "")
 
 
-def to_groups(batch, indices, layout: Layout):
+def to_groups(batch, indices, layout: RankingLayout):
     """One `map` batch of grouped rows as query groups."""
     out = {"query": [], "documents": [], "relevance": [], "row": [], "prompt": []}
     if layout.teacher:
@@ -129,7 +131,7 @@ def pa_types():
     return pyarrow.types
 
 
-def wanted_shapes(layout: Layout, columns) -> dict:
+def wanted_shapes(layout: RankingLayout, columns) -> dict:
     if layout.kind == "flag":
         shapes = {"query": "text", "pos": "texts", "neg": "texts", "prompt": "text"}
         shapes |= {"pos_scores": "scores", "neg_scores": "scores"}
@@ -140,7 +142,7 @@ def wanted_shapes(layout: Layout, columns) -> dict:
     return {column: shape for column, shape in shapes.items() if column in columns}
 
 
-def check_shapes(table, layout: Layout, path) -> None:
+def check_shapes(table, layout: RankingLayout, path) -> None:
     """Each column holds what the layout says (a text, a list of texts, a list of numbers): one line naming the first
     row that does not. The Arrow type answers for a whole column; rows are looked at only when it is not right."""
     schema = table.data.schema
@@ -157,7 +159,7 @@ def check_shapes(table, layout: Layout, path) -> None:
                 raise CliError(f"{path}: {column!r} holds {words} per row; row {start + bad + 1} holds {shown}")
 
 
-def read_groups(table, layout: Layout, args, path, need_positive=True, checked=True):
+def read_groups(table, layout: RankingLayout, args, path, need_positive=True, checked=True):
     """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise.
     `checked=False` skips the group checks, for a table a first call has checked."""
     if layout.kind == "pointwise":
@@ -215,45 +217,40 @@ def pointwise_groups(table, args, path):
     )
 
 
-def check_groups(groups, path, need_positive: bool, layout: Layout) -> None:
+def check_groups(groups, path, need_positive: bool, layout: RankingLayout) -> None:
     """A group needs a query, non-empty documents, finite relevances and teacher scores (one per document), and,
     for training and evaluation, a positive document."""
-    problems = {
-        "query missing or empty": [],
-        "a document missing or empty": [],
-        "no document": [],
-        "relevance not finite": [],
-        "no positive document": [],
-        "teacher scores missing, not finite or not one per document": [],
-    }
+    problems = RowProblems(
+        {
+            "query missing or empty": "fill or drop those rows",
+            "a document missing or empty": "fill or drop those rows",
+            "no document": "fill or drop those rows",
+            "relevance not finite": "fill or drop those rows",
+            "no positive document": "every query needs at least one relevant document",
+            "teacher scores missing, not finite or not one per document": "give pos_scores / neg_scores as long as "
+            "pos / neg",
+        },
+        "group(s)" if layout.kind == "pointwise" else "row(s)",
+    )
     for batch in groups.iter(batch_size=CHECK_BATCH):
         for i, row in enumerate(batch["row"]):
             documents, relevance = batch["documents"][i], batch["relevance"][i]
             if not str(batch["query"][i] or "").strip():
-                problems["query missing or empty"].append(row)
+                problems.add("query missing or empty", row)
             if not documents:
-                problems["no document"].append(row)
+                problems.add("no document", row)
             if any(not str(d or "").strip() for d in documents):
-                problems["a document missing or empty"].append(row)
+                problems.add("a document missing or empty", row)
             if any(r is None or not math.isfinite(r) for r in relevance):
-                problems["relevance not finite"].append(row)
+                problems.add("relevance not finite", row)
             elif need_positive and not any(r > 0 for r in relevance):
-                problems["no positive document"].append(row)
+                problems.add("no positive document", row)
             if "teacher" in batch:
                 teacher = batch["teacher"][i] or []
                 if len(teacher) != len(documents) or any(t is None or not math.isfinite(t) for t in teacher):
-                    problems["teacher scores missing, not finite or not one per document"].append(row)
-    fixes = {
-        "no positive document": "every query needs at least one relevant document",
-        "teacher scores missing, not finite or not one per document": "give pos_scores / neg_scores as long as "
-        "pos / neg",
-    }
-    unit = "group(s)" if layout.kind == "pointwise" else "row(s)"
-    for problem, rows in problems.items():
-        if rows:
-            where = f"first at row {rows[0]}" + (" (the group's first row)" if layout.kind == "pointwise" else "")
-            fix = fixes.get(problem, "fill or drop those rows")
-            raise CliError(f"{path}: {problem} in {len(rows)} {unit}, {where}; {fix}")
+                    problems.add("teacher scores missing, not finite or not one per document", row)
+    group_note = " (the group's first row)" if layout.kind == "pointwise" else ""
+    problems.refuse(path, lambda row: f"first at row {row}{group_note}")
 
 
 def explode(groups):
@@ -320,13 +317,14 @@ def tokenize_groups(batch, tokenizer, template: RerankTemplate, limit: int):
 
 
 def tokenized_groups(groups, tokenizer, template: RerankTemplate, limit: int):
-    return groups.map(
+    return cached_map(
+        groups,
         tokenize_groups,
-        batched=True,
-        batch_size=MAP_BATCH,
-        num_proc=workers(len(groups)),
-        fn_kwargs=dict(tokenizer=tokenizer, template=template, limit=limit),
-        desc="tokenizing groups",
+        "tokenizing groups",
+        keep_columns=True,
+        tokenizer=tokenizer,
+        template=template,
+        limit=limit,
     )
 
 

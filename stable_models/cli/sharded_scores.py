@@ -1,25 +1,12 @@
 """The one scorer of `evaluate` and `predict`, for every task and both engines: each rank scores its contiguous
 shard of the rows, SCORING_CHUNK rows at a time, in row order, so memory stays flat in the number of rows. A task's
-`render(batch)` turns a batch of rows into one or more sides of token ids (a pair: chosen, rejected); each row gets a
-[sides, outputs] block of fp32 logits.
+`render(batch)` turns a batch of rows into one or more sides of token ids (a pair: chosen, rejected); an engine
+(engines.py) scores them; each row gets a [sides, outputs] block of fp32 logits.
 """
 
 import torch
 
 SCORING_CHUNK = 4_096  # rows tokenized (and sorted by length) at a time
-
-
-def torch_engine(model, tokenizer, batch_size: int):
-    """Logits of token-id lists in their order from the model's forward: packed rows in which consecutive lists that
-    start alike (a query's documents) compute their start once, where the model takes them; elsewhere padded batches
-    of similar length. `progress.update(n)` after each batch of n lists."""
-    from ..modeling_rules import shared_prefix_obstacle
-    from ..scoring import logits_in_length_order, logits_with_shared_prefixes
-
-    if shared_prefix_obstacle(model) is None:
-        pad = tokenizer.pad_token_id or 0
-        return lambda ids, progress=None: logits_with_shared_prefixes(model, ids, batch_size, pad, progress)
-    return lambda ids, progress=None: logits_in_length_order(model, tokenizer, ids, batch_size, progress)
 
 
 def scored_batches(job, table, columns, render, engine, progress=True):

@@ -1,4 +1,4 @@
-"""Reward scores through the model's forward, for tools that pool by pad id themselves."""
+"""TRL compatibility: TRL's `get_reward` through the model's forward, for tools that pool by pad id themselves."""
 
 import torch
 

