@@ -16,7 +16,6 @@ def toy_batch(step, side):
     return (*pad_batch(sequences, side), labels)
 
 
-@pytest.mark.slow
 @pytest.mark.trains
 @pytest.mark.parametrize("arch", FIRST_CLASS, ids=str)
 def test_lora_bf16_loss_decreases(arch):

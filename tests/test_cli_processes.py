@@ -55,6 +55,13 @@ def readme_torchrun_lines() -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny base checkpoint and a training file, for the tests that launch no torchrun job."""
+    folder = tmp_path_factory.mktemp("files")
+    return save_checkpoint(folder / "base", "qwen2", qwen2_like()), write(folder / "train.jsonl", rows("string", 64))
+
+
+@pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """The README's torchrun train (two processes, batch 4), and the same run as one process with batch 8."""
     folder = tmp_path_factory.mktemp("processes")
@@ -69,6 +76,7 @@ def job(tmp_path_factory):
     return folder, base, data, held_out, two
 
 
+@EXHAUSTIVE  # a torchrun job: the default run keeps one multi-process case per mechanism (test_ddp.py)
 def test_two_processes_train_like_one_with_the_doubled_batch_and_write_once(job):
     folder, _, _, _, two = job
     assert train_losses(folder / "two") == pytest.approx(train_losses(folder / "one"), rel=1e-5)
@@ -80,6 +88,7 @@ def test_two_processes_train_like_one_with_the_doubled_batch_and_write_once(job)
     assert not (folder / "two" / ".stable-models.lock").exists()
 
 
+@EXHAUSTIVE  # a torchrun job: the default run keeps one multi-process case per mechanism (test_ddp.py)
 def test_predict_and_evaluate_on_two_processes_equal_one(job, tmp_path):
     folder, _, _, held_out, _ = job
     model = folder / "one"
@@ -167,8 +176,8 @@ def test_a_command_stopped_by_ctrl_c_exits_130():
     assert done.returncode == 130 and "KeyboardInterrupt" in done.stderr, done.stderr[-2000:]
 
 
-def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
-    folder, base, data, held_out, _ = job
+def test_a_second_train_into_a_running_jobs_output_is_refused(files, tmp_path):
+    base, data = files
     output = tmp_path / "busy"
     command = [sys.executable, "-m", "stable_models", "train", "--model", base, "--train", data, "--output", output]
     first = subprocess.Popen(
@@ -197,7 +206,6 @@ def test_a_second_train_into_a_running_jobs_output_is_refused(job, tmp_path):
     assert not (output / "model.safetensors").exists()  # nothing of the refused run was written
 
 
-@pytest.mark.slow
 @EXHAUSTIVE
 @pytest.mark.parametrize("mode", ["--full", "lora"])
 def test_deepspeed_zero3_saves_the_whole_model(job, tmp_path, mode):
@@ -237,16 +245,17 @@ def test_deepspeed_zero3_saves_the_whole_model(job, tmp_path, mode):
         assert report[key] == pytest.approx(job_metrics[key], abs=1e-6), key
 
 
-def test_fsdp_on_cpu_says_it_needs_gpus(job, tmp_path, capsys):
+def test_fsdp_on_cpu_says_it_needs_gpus(files, tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs: --fsdp runs")
-    folder, base, data, _, _ = job
+    base, data = files
     args = ["train", "--model", base, "--train", data, "--output", tmp_path / "f", "--fsdp"]
     assert cli.main([str(a) for a in args]) == 2
     assert "--fsdp needs GPUs" in capsys.readouterr().err
     assert not (tmp_path / "f").exists()
 
 
+@EXHAUSTIVE  # a torchrun job: the default run keeps one multi-process case per mechanism (test_ddp.py)
 def test_bad_input_stops_every_rank_with_one_line(job, tmp_path):
     """A check that fails on rank 0 stops the job with exit code 2, and the error prints once, not once per rank."""
     folder, base, data, _, _ = job
@@ -259,6 +268,7 @@ def test_bad_input_stops_every_rank_with_one_line(job, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@EXHAUSTIVE  # a torchrun job: the default run keeps one multi-process case per mechanism (test_ddp.py)
 def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path):
     """Preference pairs (margins, centering) under torchrun, fully fine-tuned: the loss history of one process with
     the doubled batch, one report, the same pairwise metrics; DDP does not look for unused parameters."""

@@ -23,7 +23,6 @@ def run(tmp_path, name, processes, batch, packing, stock=False):
 EXHAUSTIVE = pytest.mark.exhaustive
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "packing",
     [pytest.param("padding", marks=EXHAUSTIVE), pytest.param("one-row", marks=EXHAUSTIVE), "capped, class weights"],
@@ -38,7 +37,6 @@ def test_two_processes_match_one_with_the_doubled_batch(tmp_path, packing):
     assert ddp["weights"] == pytest.approx(single["weights"], rel=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.exhaustive
 def test_stock_class_logs_twice_the_loss_and_grad_norm_under_two_processes(tmp_path):
     """The stock loss ignores num_items_in_batch, so Trainer's x num_processes (meant for a loss summed over the

@@ -43,7 +43,6 @@ def initialised(std: float) -> bool:
     return 0.5 * initializer_range < std < 1.5 * initializer_range  # not zeros, not uninitialised memory
 
 
-@pytest.mark.slow
 def test_a_new_score_is_initialised_gathered_and_a_zero3_step_gives_the_plain_fp32_loss(fp32, folders):
     """One test for one pair of DeepSpeed processes: two tests on the fixture ran it once per xdist worker, side by
     side (85 s each, against 18 s alone)."""
@@ -68,7 +67,6 @@ def test_a_new_score_is_initialised_gathered_and_a_zero3_step_gives_the_plain_fp
     assert stable["warnings"] == []
 
 
-@pytest.mark.slow
 @pytest.mark.exhaustive  # a second pair of DeepSpeed processes: the fp32 ones above run by default
 def test_zero3_bf16_keeps_the_head_fp32_and_warns_nothing_false(bf16):
     stable, stock = bf16["stable/classifier"], bf16["stock/classifier"]

@@ -39,7 +39,6 @@ def layer_block_masks(model, ids, mask):
     return logits, seen
 
 
-@pytest.mark.slow
 def test_flex_padding_invariance_and_no_empty_rows(flex_model):
     sequences = random_sequences(LENGTHS)
     ids, mask = pad_batch(sequences, "left")
@@ -57,7 +56,6 @@ def test_flex_padding_invariance_and_no_empty_rows(flex_model):
     assert not stock_masks[0].any(-1).all()  # the stock class: empty rows
 
 
-@pytest.mark.slow
 def test_flex_capped_packed_rows(flex_model):
     sequences = random_sequences(LENGTHS)
     batch = PackedCollator(max_tokens=12)([{"input_ids": s} for s in sequences])

@@ -44,7 +44,6 @@ def max_gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
 def test_fsdp2_bf16_policy_keeps_the_head_fp32_and_the_loss_curve(fsdp_results, arch_name):
     stable = fsdp_results[2][f"{arch_name}/stable/float32/bf16"]
@@ -67,7 +66,6 @@ def test_fsdp2_bf16_policy_keeps_the_head_fp32_and_the_loss_curve(fsdp_results, 
     assert max_gap(stable["losses"], whole_batch) <= 2 * noise
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
 def test_fsdp2_still_warns_when_the_shards_themselves_are_bf16(fsdp_results, arch_name):
     bf16_stored = fsdp_results[2][f"{arch_name}/stable/bfloat16/bf16"]
@@ -75,7 +73,6 @@ def test_fsdp2_still_warns_when_the_shards_themselves_are_bf16(fsdp_results, arc
     assert bf16_stored["score_shard_dtype"] == "torch.float32"  # the head itself stays fp32 even then
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
 def test_accelerates_default_bf16_policy_casts_the_outputs_to_bf16(fsdp_results, arch_name):
     """accelerate's FSDP2 policy for mixed_precision="bf16" has output_dtype=bf16: FSDP2 casts the returned logits

@@ -1,16 +1,17 @@
 """Property-based padding invariance: random lengths, padding sides, pad == eos, pad ids inside the text."""
 
+from functools import cache
+
 import torch
-from architectures import EOS, FIRST_CLASS, PAD, VOCAB, make_models, pad_batch
+from architectures import BY_NAME, EOS, FIRST_CLASS, PAD, VOCAB, make_models, pad_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-MODELS = {
-    (arch.name, pad, pooling): make_models(arch, pad_token_id=pad, pooling=pooling)[0]
-    for arch in FIRST_CLASS
-    for pad in (PAD, EOS)
-    for pooling in ("last", "mean")
-}
+
+@cache
+def model_for(arch: str, pad_id: int, pooling: str):
+    """Built when a drawn case first needs it (not at collection: every pytest run would pay for all of them)."""
+    return make_models(BY_NAME[arch], pad_token_id=pad_id, pooling=pooling)[0]
 
 
 @st.composite
@@ -28,7 +29,7 @@ def batches(draw):
 @given(batches())
 def test_batched_logits_equal_each_sequence_alone(case):
     arch, pad_id, pooling, side, sequences = case
-    model = MODELS[(arch, pad_id, pooling)]
+    model = model_for(arch, pad_id, pooling)
     sequences = [torch.tensor(s) for s in sequences]
     ids, mask = pad_batch(sequences, side, pad_id=pad_id)
     with torch.no_grad():
