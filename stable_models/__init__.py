@@ -17,7 +17,7 @@ patched, and no architecture's modeling code is imported.
 import importlib
 import importlib.util
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # public name -> the module that defines it
 PUBLIC = {

@@ -70,7 +70,7 @@ def card_kind(config) -> tuple[str, str]:
     return "sequence classifier", "text-classification"
 
 
-CODE_VERSION = "0.3.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
+CODE_VERSION = "0.4.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
 
 
 def record_code_files(folder: str) -> None:

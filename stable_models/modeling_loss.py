@@ -90,13 +90,7 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
             "config.problem_type='single_label_classification'."
         )
     class_weights, smoothing, pos_weight = (getattr(config, name, None) for name in LOSS_OPTIONS)
-    for name, value, fits in (
-        ("class_weights", class_weights, "single_label_classification"),
-        ("label_smoothing", smoothing or None, "single_label_classification"),
-        ("pos_weight", pos_weight, "multi_label_classification"),
-    ):
-        if value is not None and problem_type != fits:
-            raise ValueError(f"{name} applies to {fits} only; this batch is {problem_type}. Unset {name}.")
+    refuse_loss_options(problem_type, class_weights, smoothing, pos_weight)
     reduction = "mean" if num_items_in_batch is None else "sum"
     if problem_type == "regression":
         if config.num_labels == 1:
@@ -109,15 +103,9 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
         if class_weights is not None:
             weight = torch.tensor(class_weights, dtype=logits.dtype, device=logits.device)
             if num_items_in_batch is not None:  # the divisor of a weighted mean is the batch's total label weight
-                if label_weight_total is None:  # only Trainer's label count: this micro-batch's weight, scaled up
-                    local = int((labels != -100).sum())
-                    if local != int(num_items_in_batch) and not getattr(model, "_warned_weighted_by_count", True):
-                        model._warned_weighted_by_count = True
-                        message = WEIGHTED_BY_COUNT.format(name=type(model).__name__)
-                        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
-                    mine = total_class_weight(labels, class_weights)
-                    label_weight_total = mine * num_items_in_batch / local if local and mine else num_items_in_batch
-                num_items_in_batch = label_weight_total
+                num_items_in_batch = weighted_divisor(
+                    labels, class_weights, num_items_in_batch, label_weight_total, model
+                )
         loss = F.cross_entropy(logits, labels, weight=weight, label_smoothing=smoothing or 0.0, reduction=reduction)
     else:
         weight = None if pos_weight is None else torch.tensor(pos_weight, dtype=logits.dtype, device=logits.device)
@@ -130,6 +118,32 @@ def sequence_classification_loss(logits, labels, config, num_items_in_batch=None
         loss = loss / num_items_in_batch
     config.problem_type = problem_type  # as the stock class does, but only once the labels fit it
     return loss
+
+
+def refuse_loss_options(problem_type: str, class_weights, smoothing, pos_weight) -> None:
+    """A loss option of another problem type is a ValueError, not silently ignored."""
+    for name, value, fits in (
+        ("class_weights", class_weights, "single_label_classification"),
+        ("label_smoothing", smoothing or None, "single_label_classification"),
+        ("pos_weight", pos_weight, "multi_label_classification"),
+    ):
+        if value is not None and problem_type != fits:
+            raise ValueError(f"{name} applies to {fits} only; this batch is {problem_type}. Unset {name}.")
+
+
+def weighted_divisor(labels, class_weights, num_items_in_batch, label_weight_total, model):
+    """What a class-weighted summed loss divides by under gradient accumulation: the accumulated batch's total label
+    weight (`label_weight_total`, which StableTrainer passes), or else this micro-batch's weight scaled up to
+    Trainer's label count (exact only when every micro-batch weighs alike: warned once)."""
+    if label_weight_total is not None:
+        return label_weight_total
+    local = int((labels != -100).sum())
+    if local != int(num_items_in_batch) and not getattr(model, "_warned_weighted_by_count", True):
+        model._warned_weighted_by_count = True
+        message = WEIGHTED_BY_COUNT.format(name=type(model).__name__)
+        warnings.warn(message, UserWarning, stacklevel=user_stacklevel())
+    mine = total_class_weight(labels, class_weights)
+    return mine * num_items_in_batch / local if local and mine else num_items_in_batch
 
 
 def total_class_weight(labels, class_weights):

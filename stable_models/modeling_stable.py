@@ -216,51 +216,19 @@ class StableSequenceClassificationMixin:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past_length = 0 if cache is None else cache.get_seq_length()
         if not compiling:
-            check_inputs(self, input_ids, attention_mask, inputs_embeds, labels, past_length)
-            if attention_mask is None and input_ids is not None:
-                warn_if_padded_without_mask(self, input_ids)
-            if self.training and torch.is_grad_enabled() and not getattr(self, "_low_precision_checked", False):
-                self._low_precision_checked = True  # once, at the first training step
-                if found := low_precision_trainables(self):
-                    (example, dtype) = found[0]
-                    advice = LOW_PRECISION_ADVICE.format(count=len(found), example=example, dtype=dtype)
-                    warnings.warn(advice, UserWarning, stacklevel=user_stacklevel())
+            check_call(self, input_ids, attention_mask, inputs_embeds, labels, past_length)
         tokens = input_ids if input_ids is not None else inputs_embeds
         query_length = tokens.shape[1]
 
-        # padding-free packing (stable_models.PackedCollator): position ids restart at each example, rows may end in
-        # padding; the backbone gets no mask, so transformers builds block-diagonal masks from the position ids (the
-        # padding at the end of a row is a block of its own), and pooling works per example
-        example_ids = None
         example_index = kwargs.pop("packed_example_index", None)
         label_weight_total = kwargs.pop("label_weight_total", None)  # StableTrainer: class weights of the whole batch
         padding_mask = None if attention_mask is None else attention_mask != 0
+        example_ids = None
         if position_ids is not None and cache is None:  # under torch.compile: a graph break, exact results
-            packed = packed_examples(position_ids, padding_mask)
+            packed = packed_batch(self, position_ids, padding_mask)
             if packed is not None:
-                if kinds := recurrent_layer_kinds(self.config):
-                    raise ValueError(
-                        f"{type(self).__name__} has {'/'.join(kinds)} layers, whose state runs along the whole row: in "
-                        "a packed batch each example would see the ones before it. Pad instead of packing (a plain "
-                        "DataCollatorWithPadding); padding keeps every guarantee for this model."
-                    )
-                if (need := PACKING_NEEDS.get(self.config.model_type)) and transformers_version() < need[0]:
-                    raise ValueError(
-                        f"{type(self).__name__}: packed batches need transformers >= {'.'.join(map(str, need[0]))} "
-                        "for this model type "
-                        f"({need[1]}). Upgrade transformers, or pad instead of packing (DataCollatorWithPadding)."
-                    )
-                example_ids, position_ids, shares_prefixes = packed
-                attention_mask = padding_mask = None
-                if shares_prefixes:  # examples continue a prefix they share: the backbone gets the tree mask
-                    if why := shared_prefix_obstacle(self):
-                        raise ValueError(
-                            f"{type(self).__name__}: this packed batch shares prefixes between examples (position ids "
-                            f"continue from a shared prefix), but {why}. Pack without shared prefixes "
-                            "(PackedGroupCollator(share_prefixes=False))."
-                        )
-                    dtype = self.get_input_embeddings().weight.dtype
-                    attention_mask = shared_prefix_mask(position_ids, dtype)
+                example_ids, position_ids, attention_mask = packed
+                padding_mask = None
         if padding_mask is not None and cache is None and not compiling and padding_mask.all():
             padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
         backbone_mask = attention_mask  # the backbone builds the masks each layer needs; the guard fixes them
@@ -314,6 +282,54 @@ class StableSequenceClassificationMixin:
             attentions=outputs.attentions,
             **{name: value for name, value in outputs.items() if name in ("cache", "past_key_values")},
         )
+
+
+def check_call(model, input_ids, attention_mask, inputs_embeds, labels, past_length) -> None:
+    """The checks of a call that read its values (skipped while compiling or tracing): bad input is a ValueError,
+    a padded batch without a mask and low-precision trainable weights (once, at the first training step) warn."""
+    check_inputs(model, input_ids, attention_mask, inputs_embeds, labels, past_length)
+    if attention_mask is None and input_ids is not None:
+        warn_if_padded_without_mask(model, input_ids)
+    if model.training and torch.is_grad_enabled() and not getattr(model, "_low_precision_checked", False):
+        model._low_precision_checked = True
+        if found := low_precision_trainables(model):
+            (example, dtype) = found[0]
+            advice = LOW_PRECISION_ADVICE.format(count=len(found), example=example, dtype=dtype)
+            warnings.warn(advice, UserWarning, stacklevel=user_stacklevel())
+
+
+def packed_batch(model, position_ids, padding_mask):
+    """A packed batch (stable_models.PackedCollator: position ids restart at each example, rows may end in
+    padding) as (each token's example, position ids, the backbone's mask), or None for a padded batch. The
+    backbone gets no mask, so transformers builds block-diagonal masks from the position ids (the padding at the
+    end of a row is a block of its own), and pooling works per example; where examples continue a prefix they
+    share, it gets the tree mask instead. Refuses what packing cannot serve exactly."""
+    packed = packed_examples(position_ids, padding_mask)
+    if packed is None:
+        return None
+    if kinds := recurrent_layer_kinds(model.config):
+        raise ValueError(
+            f"{type(model).__name__} has {'/'.join(kinds)} layers, whose state runs along the whole row: in "
+            "a packed batch each example would see the ones before it. Pad instead of packing (a plain "
+            "DataCollatorWithPadding); padding keeps every guarantee for this model."
+        )
+    if (need := PACKING_NEEDS.get(model.config.model_type)) and transformers_version() < need[0]:
+        raise ValueError(
+            f"{type(model).__name__}: packed batches need transformers >= {'.'.join(map(str, need[0]))} "
+            f"for this model type ({need[1]}). Upgrade transformers, or pad instead of packing "
+            "(DataCollatorWithPadding)."
+        )
+    example_ids, position_ids, shares_prefixes = packed
+    if not shares_prefixes:
+        return example_ids, position_ids, None
+    if why := shared_prefix_obstacle(model):  # examples continue a prefix they share: the tree mask
+        raise ValueError(
+            f"{type(model).__name__}: this packed batch shares prefixes between examples (position ids "
+            f"continue from a shared prefix), but {why}. Pack without shared prefixes "
+            "(PackedGroupCollator(share_prefixes=False))."
+        )
+    dtype = model.get_input_embeddings().weight.dtype
+    return example_ids, position_ids, shared_prefix_mask(position_ids, dtype)
 
 
 # Class questions transformers answers from the defining module's source or from `_auto_class` (set by

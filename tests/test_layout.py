@@ -247,3 +247,20 @@ def test_the_tree_passes_the_linter_ci_runs():
     command = [sys.executable, "-m", "ruff", "check", "--no-cache", str(PACKAGE.parent)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_pre_flight_and_the_doctor_share_one_numerics_check():
+    """train's pre-flight and the doctor judge a model by the library's one check (stable_models.numerics), not by
+    copies of it: both import it, and neither defines a tolerance of its own."""
+    graph = import_graph()
+    assert "numerics" in graph["cli/commands"] and "numerics" in graph["cli/doctor"]
+    for module in ("cli/commands", "cli/doctor"):
+        tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+        assigned = {
+            t.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
+        assert "PADDING_TOLERANCE" not in assigned, module

@@ -92,16 +92,36 @@ SCHEDULERS = (
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="stable-models", description=DESCRIPTION, formatter_class=HelpFormatter)
     commands = top.add_subparsers(dest="command", metavar="{train,evaluate,predict,verify,doctor}")
+    train_options(commands.add_parser("train", help="fine-tune a classifier", formatter_class=HelpFormatter))
+    evaluate_options(
+        commands.add_parser(
+            "evaluate", help="metrics, calibration and plots on labelled data", formatter_class=HelpFormatter
+        )
+    )
+    predict_options(
+        commands.add_parser("predict", help="score a file into JSON lines or CSV", formatter_class=HelpFormatter)
+    )
+    v = commands.add_parser(
+        "verify",
+        help="check a folder's code files against the released stable_models code (before trust_remote_code=True)",
+        formatter_class=HelpFormatter,
+    )
+    v.add_argument("folder", help="a folder saved by a Stable class")
+    commands.add_parser("doctor", help="explain NaN / wrong results of a checkpoint (doctor --help)", add_help=False)
+    return top
 
-    def reading(sub):
-        sub.add_argument("--encoding", help=ENCODING_HELP)
-        sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
-    def data_keys(sub):
-        sub.add_argument("--text-key", default="text", help="the column with the text")
-        sub.add_argument("--text-pair-key", help="the column with the second text (rerankers, pair classification)")
+def reading(sub) -> None:
+    sub.add_argument("--encoding", help=ENCODING_HELP)
+    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
-    t = commands.add_parser("train", help="fine-tune a classifier", formatter_class=HelpFormatter)
+
+def data_keys(sub) -> None:
+    sub.add_argument("--text-key", default="text", help="the column with the text")
+    sub.add_argument("--text-pair-key", help="the column with the second text (rerankers, pair classification)")
+
+
+def train_options(t) -> None:
     t.add_argument("--config", help="a YAML or JSON file with any of these options (the command line wins)")
     t.add_argument("--model", help="a causal LM or classifier folder (or its folder, with --gguf-file)")
     t.add_argument("--gguf-file", help="a GGUF file inside --model to load the weights from")
@@ -188,9 +208,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ranking_options(t)
 
-    e = commands.add_parser(
-        "evaluate", help="metrics, calibration and plots on labelled data", formatter_class=HelpFormatter
-    )
+
+def evaluate_options(e) -> None:
     e.add_argument("--config", help="a YAML or JSON file with any of these options")
     e.add_argument("--model", help="a classifier folder (from train)")
     e.add_argument("--data", help="labelled data, same formats as train")
@@ -202,7 +221,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--report-dir", help="where report.json and the plots go (default: MODEL/evaluation)")
     e.add_argument("--batch-size", type=int, default=16, help="texts per forward")
 
-    p = commands.add_parser("predict", help="score a file into JSON lines or CSV", formatter_class=HelpFormatter)
+
+def predict_options(p) -> None:
     p.add_argument("--config", help="a YAML or JSON file with any of these options")
     p.add_argument("--model", help="a classifier folder (from train)")
     p.add_argument("--data", help="texts to score, same formats as train")
@@ -229,14 +249,6 @@ def parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16", "auto"],
         help="with --engine vllm: float32 gives the torch path's scores; bfloat16 is faster on GPUs",
     )
-    v = commands.add_parser(
-        "verify",
-        help="check a folder's code files against the released stable_models code (before trust_remote_code=True)",
-        formatter_class=HelpFormatter,
-    )
-    v.add_argument("folder", help="a folder saved by a Stable class")
-    commands.add_parser("doctor", help="explain NaN / wrong results of a checkpoint (doctor --help)", add_help=False)
-    return top
 
 
 REQUIRED = {

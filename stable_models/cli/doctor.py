@@ -164,11 +164,25 @@ def run_one(model, batch, alone_inputs, labels):
 
 
 def diagnose(args) -> int:
+    """The checkpoint's checks, the stock class beside the Stable one, as a table and findings; exit 1 on a problem."""
     report = Report()
-    dtype = DTYPES[args.dtype]
     start = time.perf_counter()
     if not os.path.isdir(args.model) or not os.path.isfile(os.path.join(args.model, "config.json")):
         raise CliError(f"--model {args.model}: not a folder with a config.json (a local checkpoint is needed)")
+    config, pad_id, batch, alone_inputs, labels = doctor_inputs(args, report)
+    results = run_both(args, config, pad_id, batch, alone_inputs, labels)
+    judge(results, args, report)
+    print(f"stable_models doctor: {args.model} ({config.model_type}), {time.perf_counter() - start:.0f}s")
+    print("\n".join(comparison_table(results)))
+    print("\n".join(report.lines))
+    verdict = "healthy" if report.problems == 0 else f"{report.problems} problem(s)"
+    print(f"Stable class: {verdict}")
+    return 0 if report.problems == 0 else 1
+
+
+def doctor_inputs(args, report):
+    """(config, the pad id, a padded batch, each row alone, labels) from the folder and the data, with what they
+    show reported: the code files, the pad token, the label map, empty texts."""
     texts, labels = load_texts(args.data, args.text_key, args.label_key)
     progress(f"loading tokenizer and config from {args.model}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -183,7 +197,6 @@ def diagnose(args) -> int:
     if labels is None:
         report.ok("no labels in the data: made-up labels 0, 1, 0, 1, ... (only the numerics are checked)")
     labels = torch.tensor(labels[: len(texts)] if labels else [i % 2 for i in range(len(texts))])
-    num_labels = max(2, int(labels.max()) + 1)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # only to build the batch; reported above
     batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
@@ -193,7 +206,13 @@ def diagnose(args) -> int:
         f"{len(texts)} texts, lengths {min(lengths)}-{max(lengths)}, padding {tokenizer.padding_side}, "
         f"dtype {args.dtype}"
     )
+    return config, tokenizer.pad_token_id, batch, alone_inputs, labels
 
+
+def run_both(args, config, pad_id, batch, alone_inputs, labels) -> dict:
+    """The numerics check of the stock class and of the Stable class (with the stock class's head), by name."""
+    dtype = DTYPES[args.dtype]
+    num_labels = max(2, int(labels.max()) + 1)
     results = {}
     stable_class = stable_class_for(config.model_type)
     for name in ("stock", "Stable"):
@@ -206,8 +225,8 @@ def diagnose(args) -> int:
                 model.score.weight.data.copy_(results["stock"]["score"])
         else:
             model = AutoModelForSequenceClassification.from_pretrained(args.model, **kwargs)
-            if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
-                model.config.pad_token_id = tokenizer.pad_token_id  # so the stock class runs at all
+            if model.config.pad_token_id is None and pad_id is not None:
+                model.config.pad_token_id = pad_id  # so the stock class runs at all
         low_precision = low_precision_trainables(model)
         try:
             results[name] = run_one(model, batch, alone_inputs, labels)
@@ -216,12 +235,22 @@ def diagnose(args) -> int:
         results[name]["score"] = model.score.weight.detach().float().clone()
         results[name]["low precision"] = low_precision
         del model
+    return results
 
+
+def comparison_table(results: dict) -> list[str]:
+    """The measurements side by side: a row per check, a column per class."""
     table = [f"  {'':28} {'stock':>16} {'Stable':>16}"]
     for key in ("finite", "loss", "loss dtype", "padding error", "honours num_items_in_batch", "first non-finite"):
         cells = [cell(results[n][key]) if key in results[n] else "error" for n in ("stock", "Stable")]
         table.append(f"  {key:28} {cells[0]:>16} {cells[1]:>16}")
+    return table
 
+
+def judge(results: dict, args, report) -> None:
+    """The findings: a FAIL for each contract point the Stable class misses, a WARN for what the stock class gets
+    wrong."""
+    dtype = DTYPES[args.dtype]
     stock, stable = results["stock"], results["Stable"]
     if "error" in stock:
         report.warn(f"the stock class failed: {stock['error']}", "use the Stable class")
@@ -269,13 +298,6 @@ def diagnose(args) -> int:
             "master weights: small AdamW updates round away",
             "load in fp32 and train with bf16 autocast (TrainingArguments(bf16=True)), or use LoRA",
         )
-
-    print(f"stable_models doctor: {args.model} ({config.model_type}), {time.perf_counter() - start:.0f}s")
-    print("\n".join(table))
-    print("\n".join(report.lines))
-    verdict = "healthy" if report.problems == 0 else f"{report.problems} problem(s)"
-    print(f"Stable class: {verdict}")
-    return 0 if report.problems == 0 else 1
 
 
 def main(argv=None) -> int:
