@@ -1,15 +1,23 @@
-"""The README demo's 40 training steps alone, three ways in one process, round by round in alternating order: the
-Trainer script's batches (each padded to its longest), ours (the Stable class on `PackedCollator`'s rows), and the
-ideal (each batch's real tokens in one row, no padding and no mask: the fewest tokens a step can train).
+"""A demo job's training steps alone, three ways in one process, round by round in alternating order: the peer's
+batches (each padded to its longest, the stock class), ours (the Stable class on the task's packed rows and loss), and
+the ideal (each batch's real tokens in one row, no padding and no mask: the fewest tokens a step can train).
 
     STABLE_MODELS_VENV=.venv-demo ./dev demo --help >/dev/null    # the demo's venv (cli extra)
-    .venv-demo/bin/python benchmarks/steps.py    # model and data from PyPI wheels, cached
+    .venv-demo/bin/python benchmarks/steps.py                     # the classifier demo: 40 steps of 8 reviews
+    .venv-demo/bin/python benchmarks/steps.py --task preference   # the reward demo: 40 steps of 8 pairs
+    .venv-demo/bin/python benchmarks/steps.py --task ranking      # the rerank demo: 20 steps of 4 groups of 4
 
-It bounds what `benchmarks/peers.py` can show: both commands also pay start-up, one evaluation and saving, so the
-end-to-end ratio against the Trainer script is at most its steps over the ideal's, with nothing else in either run.
-Same batches (a seeded random order, like Trainer's sampler), same LoRA (r 16, alpha 32, every decoder-layer linear),
-AdamW at the job's learning rate, fp32. The ideal's loss is not the job's (its examples attend to each other, and
-only one is pooled); it is the compute floor, not a recipe.
+Model and data come from PyPI wheels (cached). The jobs are the demos' own: `./dev demo` (Rotten Tomatoes reviews),
+`./dev demo --reward` (a fresh over a rotten review of one movie, rendered as TRL's RewardTrainer renders them:
+prompt + response + eos) and `./dev demo --rerank` (SciQ questions with their passage among BM25's top 20, each group
+its positive and 3 negatives drawn per step, through the demo's chat template, cut at 256 tokens).
+
+It bounds what an end-to-end comparison can show: both commands also pay start-up, evaluation and saving, so the
+end-to-end ratio against a peer is at most its steps over the ideal's. Same batches (a seeded random order, like
+Trainer's sampler), same LoRA (r 16, alpha 32, every decoder-layer linear), AdamW at the job's learning rate, fp32.
+The ideal's loss is not the job's (its examples attend to each other, and only one is pooled); it is the compute
+floor, not a recipe. A reranker's packed rows compute the tokens a group's documents share (template head, query)
+once, so ours can go below the floor of real tokens: the table adds the floor of the tokens ours computes.
 """
 
 import argparse
@@ -23,71 +31,175 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from cli_demo import CACHE, fetch, write_splits  # noqa: E402  (the demo's cache and data split)
-from peers import BATCH, LABELS, LORA_R, LR, STEPS  # noqa: E402  (the job)
+from cli_demo import CACHE, fetch  # noqa: E402  (the demos' cache)
+
+LORA_R = 16
+JOBS = {  # task: (steps, examples per step, learning rate), as the demos run them
+    "classification": (40, 8, 1e-3),
+    "preference": (40, 8, 1e-3),
+    "ranking": (20, 4, 5e-4),
+}
+
+
+def classification_examples(tokenizer, work: Path) -> list[dict]:
+    from cli_demo import write_splits
+
+    fetch("data")
+    train, _, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", work / "data", 320, 0)
+    labels = ["fresh", "rotten"]
+    return [
+        {"input_ids": tokenizer(r["text"])["input_ids"], "labels": labels.index(r["label"])}
+        for r in map(json.loads, train.open())
+    ]
+
+
+def preference_examples(tokenizer, work: Path) -> list[dict]:
+    from reward_demo import write_splits
+
+    from stable_models.cli.preference_data import rendered_ids
+
+    fetch("pairs")
+    train, _, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes_pairs.jsonl", work / "pairs", 320, 0)
+    rows = [json.loads(line) for line in train.open()]
+    prompts = [r["prompt"] for r in rows]
+    chosen = rendered_ids(tokenizer, [r["chosen"] for r in rows], prompts, False)
+    rejected = rendered_ids(tokenizer, [r["rejected"] for r in rows], prompts, False)
+    return [{"chosen_input_ids": c, "rejected_input_ids": r} for c, r in zip(chosen, rejected, strict=True)]
+
+
+def ranking_examples(tokenizer, work: Path, negatives=3, limit=256) -> list[dict]:
+    from rerank_demo import TEMPLATE, write_splits
+
+    from stable_models.templates import RerankTemplate
+
+    fetch("sciq")
+    train, _, _ = write_splits(CACHE / "data" / "sciq.jsonl", work / "sciq", 600, 50, 20, 0)
+    rng, template, groups = random.Random(0), RerankTemplate(TEMPLATE, ""), []
+    for row in map(json.loads, train.open()):
+        documents = row["pos"] + rng.sample(row["neg"], min(negatives, len(row["neg"])))  # the demo's --negatives
+        ids, _ = template.ids(tokenizer, [row["query"]] * len(documents), documents, limit)
+        groups.append({"input_ids": ids, "relevance": [1.0] * len(row["pos"]) + [0.0] * (len(documents) - 1)})
+    return groups
+
+
+def responses(task: str, example: dict) -> list[list[int]]:
+    """The token-id lists one example trains: a text, a pair's two responses, a group's documents."""
+    if task == "preference":
+        return [example["chosen_input_ids"], example["rejected_input_ids"]]
+    return example["input_ids"] if task == "ranking" else [example["input_ids"]]
+
+
+def shared_start(ids: list[list[int]]) -> int:
+    """How many leading tokens every list of a group has in common."""
+    length = 0
+    while all(len(i) > length for i in ids) and len({i[length] for i in ids}) == 1:
+        length += 1
+    return length
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=list(JOBS), default="classification")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, help="fewer steps than the job's (a quick check)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-steps")
     args = parser.parse_args()
 
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     import stable_models
     from stable_models.cli.fine_tuning import decoder_layer_linears
-    from stable_models.packing import PackedCollator
+    from stable_models.losses import bradley_terry_loss, ranking_loss
+    from stable_models.packing import PackedCollator, PackedGroupCollator, PackedPairCollator
 
-    fetch("data")
+    steps, size, lr = JOBS[args.task]
+    steps = args.steps or steps
     model_path = CACHE / "models" / "smollm2-135m"
-    train, _, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    rows = [json.loads(line) for line in train.open()]
-    features = [{"input_ids": tokenizer(r["text"])["input_ids"], "labels": LABELS.index(r["label"])} for r in rows]
-    order = random.Random(0).sample(range(len(features)), len(features))
-    batches = [[features[i] for i in order[s * BATCH : (s + 1) * BATCH]] for s in range(STEPS)]
+    examples = globals()[f"{args.task}_examples"](tokenizer, args.work)
+    order = random.Random(0).sample(range(len(examples)), len(examples))
+    batches = [[examples[i] for i in order[s * size : (s + 1) * size]] for s in range(steps)]
+    pad = tokenizer.pad_token_id
 
-    def one_row(batch):
-        return {"input_ids": torch.tensor([[t for f in batch for t in f["input_ids"]]]),
-                "labels": torch.tensor([batch[0]["labels"]])}  # fmt: skip
+    def padded(batch):  # the peer's batch: every list padded to the longest, the stock class's label per list
+        lists = [ids for example in batch for ids in responses(args.task, example)]
+        inputs = dict(tokenizer.pad({"input_ids": lists}, return_tensors="pt"))
+        labels = [float(i % 2 == 0) for i in range(len(lists))]  # pairs: chosen first (the stock class has no BT)
+        if args.task == "classification":
+            labels = [example["labels"] for example in batch]
+        elif args.task == "ranking":
+            labels = [r for example in batch for r in example["relevance"]]
+        dtype = torch.long if args.task == "classification" else torch.float32
+        return {**inputs, "labels": torch.tensor(labels, dtype=dtype)}
 
-    def setup(load, collate):
+    def one_row(batch):  # the floor: every real token of the batch in one row, one label
+        tokens = [t for example in batch for ids in responses(args.task, example) for t in ids]
+        return {
+            "input_ids": torch.tensor([tokens]),
+            "labels": torch.tensor([0 if args.task == "classification" else 0.0]),
+        }
+
+    def shared_once(batch):  # the floor of what ours computes for groups: each group's shared start once
+        tokens = []
+        for example in batch:
+            lists = responses(args.task, example)
+            start = shared_start(lists)
+            tokens += lists[0][:start] + [t for ids in lists for t in ids[start:]]
+        return {"input_ids": torch.tensor([tokens]), "labels": torch.tensor([0.0])}
+
+    def ours_loss(model, x):
+        if args.task == "classification":
+            return model(**x).loss
+        labels, rest = x["labels"], {k: v for k, v in x.items() if k not in ("labels", "group_sizes", "teacher")}
+        outputs = model(**rest)
+        if args.task == "preference":
+            return bradley_terry_loss(outputs, labels)
+        return ranking_loss(outputs.logits, labels, x["group_sizes"])
+
+    collators = {
+        "classification": PackedCollator(pad_token_id=pad),
+        "preference": PackedPairCollator(pad_token_id=pad),
+        "ranking": PackedGroupCollator(pad_token_id=pad, share_prefixes=True),
+    }
+    num_labels = 2 if args.task == "classification" else 1
+
+    def setup(load, collate, loss=lambda model, x: model(**x).loss):
         torch.manual_seed(0)
-        model = load(model_path, num_labels=2, dtype=torch.float32)
-        model.config.pad_token_id = tokenizer.pad_token_id
+        model = load(model_path, num_labels=num_labels, dtype=torch.float32)
+        model.config.pad_token_id = pad
         lora = LoraConfig(task_type="SEQ_CLS", r=LORA_R, lora_alpha=2 * LORA_R,
                           target_modules=decoder_layer_linears(model))  # fmt: skip
         model = get_peft_model(model, lora).train()
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-        return model, optimizer, [collate(batch) for batch in batches]
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+        return model, optimizer, [collate(batch) for batch in batches], loss
 
+    stock = AutoModelForSequenceClassification.from_pretrained
     setups = {
-        "Trainer script's batches (padded to the longest)": setup(
-            AutoModelForSequenceClassification.from_pretrained, DataCollatorWithPadding(tokenizer)
+        "peer's batches (padded to the longest, stock class)": setup(stock, padded),
+        "ours (Stable class, packed rows, the task's loss)": setup(
+            stable_models.from_pretrained, collators[args.task], ours_loss
         ),
-        "ours (Stable class, packed rows)": setup(
-            stable_models.from_pretrained, PackedCollator(pad_token_id=tokenizer.pad_token_id)
-        ),
-        "ideal (real tokens, one row, no mask)": setup(AutoModelForSequenceClassification.from_pretrained, one_row),
+        "ideal (real tokens, one row, no mask)": setup(stock, one_row),
     }
+    if args.task == "ranking":
+        setups["ideal of the tokens ours computes (a group's shared start once)"] = setup(stock, shared_once)
     walls = {name: [] for name in setups}
     for round_ in range(args.rounds):
         names = list(setups) if round_ % 2 == 0 else list(reversed(setups))
         for name in names:
-            model, optimizer, inputs = setups[name]
+            model, optimizer, inputs, loss = setups[name]
             started = time.perf_counter()
             for x in inputs:
-                model(**x).loss.backward()
+                loss(model, x).backward()
                 optimizer.step()
                 optimizer.zero_grad()
             walls[name].append(time.perf_counter() - started)
             print(f"round {round_ + 1}: {name}: {walls[name][-1]:.1f} s", file=sys.stderr, flush=True)
-    ideal = statistics.median(walls[list(setups)[-1]])
-    print(f"| {STEPS} steps of {BATCH} | token slots | wall (median of {args.rounds}) | vs the ideal |")
+    ideal = statistics.median(walls["ideal (real tokens, one row, no mask)"])
+    print(f"| {args.task}: {steps} steps of {size} | token slots | wall (median of {args.rounds}) | vs the ideal |")
     print("|---|---:|---:|---:|")
     for name, times in walls.items():
         slots = sum(x["input_ids"].numel() for x in setups[name][2])
