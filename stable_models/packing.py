@@ -156,12 +156,17 @@ class PaddedPairCollator:
         self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict]) -> dict:
-        responses = pair_responses(features)
-        batch = dict(self.tokenizer.pad({"input_ids": [r["input_ids"] for r in responses]}, return_tensors="pt"))
-        batch["labels"] = torch.stack([r["labels"] for r in responses])
+        batch = padded(self.tokenizer, pair_responses(features))
         if "margin" in features[0]:
             batch["margin"] = torch.tensor([float(f["margin"]) for f in features])
         return batch
+
+
+def padded(tokenizer, examples: list[dict]) -> dict:
+    """Single examples (token ids and a label each) as one padded batch."""
+    batch = dict(tokenizer.pad({"input_ids": [e["input_ids"] for e in examples]}, return_tensors="pt"))
+    batch["labels"] = torch.stack([e["labels"] for e in examples])
+    return batch
 
 
 class PackedGroupCollator(PackedCollator):
@@ -230,10 +235,7 @@ class PaddedGroupCollator:
         self.tokenizer = tokenizer
 
     def __call__(self, features: list[dict]) -> dict:
-        documents = group_documents(features)
-        batch = dict(self.tokenizer.pad({"input_ids": [d["input_ids"] for d in documents]}, return_tensors="pt"))
-        batch["labels"] = torch.stack([d["labels"] for d in documents])
-        return with_group_columns(batch, features)
+        return with_group_columns(padded(self.tokenizer, group_documents(features)), features)
 
 
 def group_documents(features: list[dict]) -> list[dict]:

@@ -319,9 +319,11 @@ def doctor_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model", help="local folder with config, weights and tokenizer (a base model or a classifier)"
     )
-    parser.add_argument("--data", help="JSON lines with a text and, optionally, a label (int or string) per line")
-    parser.add_argument("--text-key", default="text", help="the key of the text in --data lines")
-    parser.add_argument("--label-key", default="label", help="the key of the label in --data lines")
+    parser.add_argument(
+        "--data", help="a text and, optionally, a label (int or string) per row, in any format train reads"
+    )
+    parser.add_argument("--text-key", default="text", help="the column of the text in --data")
+    parser.add_argument("--label-key", default="label", help="the column of the label in --data")
     parser.add_argument("--dtype", default="bf16", choices=["fp32", "bf16", "fp16"], help="dtype to load the model in")
     parser.add_argument("--padding-side", choices=["left", "right"], help="default: the tokenizer's")
     parser.add_argument("--max-examples", type=int, default=16, help="texts used from --data")
