@@ -157,6 +157,23 @@ def timed(command, env=None) -> tuple[float, float]:
     return wall, peak / 2**20
 
 
+def interleaved(make_runs, rounds: int, env, wanted=lambda name: True) -> dict:
+    """Each run of `make_runs()` ({name: (command, a function giving its test accuracy)}, made anew each round),
+    round by round in alternating order: {name: {"wall": [...], "peak": [...], "accuracy": [...]}}."""
+    results = {}
+    for round_ in range(rounds):
+        order = [(name, run) for name, run in make_runs().items() if wanted(name)]
+        for name, (command, accuracy) in order if round_ % 2 == 0 else order[::-1]:
+            wall, peak = timed(command, env)
+            entry = results.setdefault(name, {"wall": [], "peak": [], "accuracy": []})
+            entry["wall"].append(wall)
+            entry["peak"].append(peak)
+            entry["accuracy"].append(accuracy())
+            print(f"round {round_ + 1}: {name}: {wall:.1f} s, {peak:.2f} GiB, accuracy {entry['accuracy'][-1]:.3f}",
+                  flush=True)  # fmt: skip
+    return results
+
+
 def ensure_swift() -> Path:
     python = SWIFT_VENV / "bin" / "python"
     if not (SWIFT_VENV / "bin" / "swift").exists():
@@ -224,8 +241,9 @@ def evaluate_ours(model: Path, test: Path) -> float:
     return json.loads((report / "report.json").read_text())["accuracy"]
 
 
-def trainer_accuracy(model: Path, run: Path, test: Path) -> float:
-    command = [sys.executable, __file__, "score", "--model", model, "--adapter", run / "adapter", "--data", test]
+def trainer_accuracy(model: Path, run: Path, test: Path, script: str = __file__) -> float:
+    """Test accuracy of a peer's saved adapter, from `script score` (this file's, or another benchmark's)."""
+    command = [sys.executable, script, "score", "--model", model, "--adapter", run / "adapter", "--data", test]
     result = subprocess.run([str(c) for c in command], check=True, capture_output=True, text=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["accuracy"]
 
@@ -260,18 +278,8 @@ def main() -> None:
     wanted = lambda name: not args.only or name in OURS.values() or any(w in name for w in args.only)  # noqa: E731
     swift_python = ensure_swift() if wanted("ms-swift") else SWIFT_VENV / "bin" / "python"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    results = {}
-    for round_ in range(args.rounds):
-        every = runs(model, split, args.work, swift_python, args.bf16)
-        order = [(name, run) for name, run in every.items() if wanted(name)]
-        for name, (command, accuracy) in order if round_ % 2 == 0 else order[::-1]:
-            wall, peak = timed(command, env)
-            entry = results.setdefault(name, {"wall": [], "peak": [], "accuracy": []})
-            entry["wall"].append(wall)
-            entry["peak"].append(peak)
-            entry["accuracy"].append(accuracy())
-            print(f"round {round_ + 1}: {name}: {wall:.1f} s, {peak:.2f} GiB, accuracy {entry['accuracy'][-1]:.3f}",
-                  flush=True)  # fmt: skip
+    every = lambda: runs(model, split, args.work, swift_python, args.bf16)  # noqa: E731  (anew each round)
+    results = interleaved(every, args.rounds, env, wanted)
     ours = {dtype: statistics.median(results[name]["wall"]) for dtype, name in OURS.items() if name in results}
     print("\n| | wall (median) | peak memory | test accuracy | ours faster by (same dtype) |")
     print("|---|---:|---:|---:|---:|")

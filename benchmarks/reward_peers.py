@@ -25,14 +25,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import timed  # noqa: E402  (wall time and peak memory of a command)
+from peers import evaluate_ours, interleaved, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
 
 STEPS, BATCH, LR, LORA_R, WARMUP = 40, 8, 1e-3, 16, 0.05
 OURS, TRL = "stable-models train (packed pairs)", "TRL RewardTrainer (padded to the longest)"
@@ -104,19 +103,6 @@ def score(args) -> None:
     print(json.dumps({"accuracy": right / len(rows)}))
 
 
-def ours_accuracy(model: Path, test: Path) -> float:
-    report = model / "eval-test"
-    command = [sys.executable, "-m", "stable_models", "evaluate", "--model", model, "--data", test]
-    subprocess.run([*map(str, command), "--report-dir", str(report)], check=True, capture_output=True)
-    return json.loads((report / "report.json").read_text())["accuracy"]
-
-
-def trl_accuracy(model: Path, run: Path, test: Path) -> float:
-    command = [sys.executable, __file__, "score", "--model", model, "--adapter", run / "adapter", "--data", test]
-    result = subprocess.run([str(c) for c in command], check=True, capture_output=True, text=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])["accuracy"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode")
@@ -145,26 +131,15 @@ def main() -> None:
         OURS: (
             [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", train, "--eval", dev,
              "--output", ours, "--overwrite", "--dtype", "fp32", *common],
-            lambda: ours_accuracy(ours, test),
+            lambda: evaluate_ours(ours, test),
         ),
         TRL: (
             [sys.executable, __file__, "trl", "--model", model, "--train", train, "--dev", dev, "--output", peer],
-            lambda: trl_accuracy(model, peer, test),
+            lambda: trainer_accuracy(model, peer, test, script=__file__),
         ),
     }  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    results = {name: {"wall": [], "peak": [], "accuracy": []} for name in runs}
-    for round_ in range(args.rounds):
-        order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
-        for name in order:
-            command, accuracy = runs[name]
-            wall, peak = timed(command, env)
-            entry = results[name]
-            entry["wall"].append(wall)
-            entry["peak"].append(peak)
-            entry["accuracy"].append(accuracy())
-            print(f"round {round_ + 1}: {name}: {wall:.1f} s, {peak:.2f} GiB, accuracy {entry['accuracy'][-1]:.3f}",
-                  flush=True)  # fmt: skip
+    results = interleaved(lambda: runs, args.rounds, env)
     tested = sum(1 for _ in test.open())
     ours_wall = statistics.median(results[OURS]["wall"])
     print(f"\n| {STEPS} steps of {BATCH} pairs | wall (median) | peak memory | test accuracy (+- s.e.) | vs ours |")

@@ -122,6 +122,16 @@ def data_keys(sub) -> None:
 
 
 def train_options(t) -> None:
+    """train's options, in the order --help lists them."""
+    train_files(t)
+    recipe_options(t)
+    classifier_loss_options(t)
+    evaluation_options(t)
+    task_choice(t)
+
+
+def train_files(t) -> None:
+    """What train reads and where it writes."""
     t.add_argument("--config", help="a YAML or JSON file with any of these options (the command line wins)")
     t.add_argument("--model", help="a causal LM or classifier folder (or its folder, with --gguf-file)")
     t.add_argument("--gguf-file", help="a GGUF file inside --model to load the weights from")
@@ -141,6 +151,10 @@ def train_options(t) -> None:
     t.add_argument(
         "--keep-checkpoints", action="store_true", help="keep --output/checkpoints after a finished run (for --resume)"
     )
+
+
+def recipe_options(t) -> None:
+    """How it fine-tunes: steps, LoRA or full, parallelism, the optimizer, lengths and dtype, packing."""
     t.add_argument("--epochs", type=float, default=1.0, help="passes over the training data")
     t.add_argument("--max-steps", type=int, help="optimizer steps (overrides --epochs)")
     t.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
@@ -172,9 +186,17 @@ def train_options(t) -> None:
     t.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help="auto: bf16 where it is fast")
     t.add_argument("--pooling", default="last", choices=["last", "mean"], help="how a text becomes one vector")
     t.add_argument("--no-packing", action="store_true", help="pad instead of packing (recurrent models always pad)")
+
+
+def classifier_loss_options(t) -> None:
+    """A classifier's loss options (each refused where its problem type does not take it)."""
     t.add_argument("--class-weights", help="'balanced' or one weight per label, comma-separated (single-label)")
     t.add_argument("--label-smoothing", type=float, default=0.0, help="single-label cross-entropy smoothing")
     t.add_argument("--pos-weight", help="one positive weight per label, comma-separated (multi-label)")
+
+
+def evaluation_options(t) -> None:
+    """Evaluation during training, seeds and trackers."""
     t.add_argument(
         "--eval-steps",
         type=int,
@@ -193,6 +215,10 @@ def train_options(t) -> None:
         "would be needed unless your environment configures one",
     )
     t.add_argument("--run-name", help="the run's name in the tracker (default: the --output folder's name)")
+
+
+def task_choice(t) -> None:
+    """The task, and the options of reward models and rerankers."""
     t.add_argument(
         "--task",
         default="auto",
