@@ -22,7 +22,7 @@ from .classification_data import (
 )
 from .data import check_texts, column_max
 from .errors import CliError
-from .task_steps import ModelInputs, Task, TrainingData, copied_rows, float_metrics, held_out, keep_trained_length
+from .task_steps import ModelInputs, Task, TrainingData, float_metrics, held_out, keep_trained_length
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 # what each problem type refuses among the options classification reads
@@ -211,7 +211,7 @@ class Classification(Task):
         """The label and its probability, every label over its threshold, or the score."""
         problem_type, names = scoring.problem_type, scoring.names
         thresholds = scoring.thresholds or [0.5] * len(names)
-        rows = copied_rows({"text": [str(t) for t in batch[scoring.text_key]]}, ["text"])
+        rows = [{"text": str(text)} for text in batch[scoring.text_key]]
         for row, values in zip(rows, probabilities(scores[:, 0], problem_type).tolist(), strict=True):
             if problem_type == REGRESSION:
                 row["score"] = values[0]
