@@ -234,9 +234,10 @@ def runs(model: Path, split: dict, work: Path, swift_python: Path, bf16: bool) -
     }  # fmt: skip
 
 
-def evaluate_ours(model: Path, test: Path) -> float:
+def evaluate_ours(model: Path, test: Path, *flags) -> float:
+    """Test accuracy from `stable-models evaluate` (`flags`: e.g. the text keys)."""
     report = model / "eval-test"
-    command = [sys.executable, "-m", "stable_models", "evaluate", "--model", model, "--data", test]
+    command = [sys.executable, "-m", "stable_models", "evaluate", "--model", model, "--data", test, *flags]
     subprocess.run([*map(str, command), "--report-dir", str(report)], check=True, capture_output=True)
     return json.loads((report / "report.json").read_text())["accuracy"]
 
@@ -248,17 +249,24 @@ def trainer_accuracy(model: Path, run: Path, test: Path, script: str = __file__)
     return json.loads(result.stdout.strip().splitlines()[-1])["accuracy"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def peer_parser(description: str, peer: str, peer_help: str) -> tuple:
+    """A benchmark's parser with its two internal modes: `peer` (train the peer: --model, --train, --dev,
+    --output) and `score` (test accuracy of a saved adapter: --model, --adapter, --data). (parser, the peer's)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode")
-    trainer = sub.add_parser("trainer", help="(internal) the Trainer + peft peer")
+    trainer = sub.add_parser(peer, help=f"(internal) {peer_help}")
     for flag in ("--model", "--train", "--dev", "--output"):
         trainer.add_argument(flag, type=Path, required=True)
-    trainer.add_argument("--bf16", action="store_true")
-    trainer.add_argument("--dynamic-padding", action="store_true", help="--pad_to_max_length False")
     scorer = sub.add_parser("score", help="(internal) test accuracy of a saved adapter")
     for flag in ("--model", "--adapter", "--data"):
         scorer.add_argument(flag, type=Path, required=True)
+    return parser, trainer
+
+
+def main() -> None:
+    parser, trainer = peer_parser(__doc__, "trainer", "the Trainer + peft peer")
+    trainer.add_argument("--bf16", action="store_true")
+    trainer.add_argument("--dynamic-padding", action="store_true", help="--pad_to_max_length False")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", nargs="+", help="run only the runs whose names hold one of these words (ours always)")
     parser.add_argument("--bf16", action="store_true", help="also ours and the Trainer script under bf16 autocast")

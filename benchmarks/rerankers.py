@@ -22,7 +22,8 @@ What is the same:
 What differs: our one-row score head trains beside LoRA, ST's `lm_head` stays frozen; ST pads each batch (left),
 ours packs groups without padding. Wall time is launch to the saved model for both: ours the whole `train` command
 (start-up, its pre-flight, one evaluation of 4 dev groups, merge, save), ST's start-up, `trainer.train()` and
-`model.save_pretrained`.
+`model.save_pretrained`. Peak memory is the largest resident set of each process (`/usr/bin/time`; ST's process
+also scores the test rows after training, forward only).
 
 Rounds: round k trains both with seed `--seed` + k (the order of the groups, the LoRA initialisation; the data and
 the test set stay the same), the two alternating which goes first. The table gives the median wall time and the mean
@@ -35,14 +36,15 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from cli_demo import CACHE, fetch  # noqa: E402  (the demos' fetch cache)
+from peers import timed  # noqa: E402  (wall time and peak memory of a command)
 from rerank_demo import first_stage  # noqa: E402  (BM25 over every SciQ passage)
 
 NEGATIVES = 3
@@ -103,11 +105,9 @@ def train_ours(args, files, template, output: Path, seed: int) -> dict:
     command += ["--init-from-tokens", "yes", "no", "--loss", "listwise", "--temperature", str(args.temperature)]
     command += ["--max-steps", str(args.steps), "--eval-steps", str(args.steps), "--batch-size", "4"]
     command += ["--lr", str(args.lr), "--lora-r", str(LORA_R), "--dtype", "fp32", "--seed", str(seed)]
-    started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=environment())
-    wall = time.perf_counter() - started
+    wall, peak = timed(command, environment())
     log = json.loads((output / "training_log.json").read_text())
-    return {"wall": wall, "steps_time": log[-1]["train_runtime"]}
+    return {"wall": wall, "peak": peak, "steps_time": log[-1]["train_runtime"]}
 
 
 def scores_ours(folder: Path, rows) -> list[float]:
@@ -250,8 +250,8 @@ def main() -> None:
             else:
                 child = [sys.executable, __file__, "--side", "st", "--work", str(args.work), "--steps", str(args.steps)]
                 child += ["--lr", str(args.lr), "--temperature", str(args.temperature), "--seed", str(seed)]
-                subprocess.run(child, check=True, env={**environment(), "BENCH_LAUNCHED": str(time.time())})
-                result = json.loads((args.work / "st" / "result.json").read_text())
+                _, peak = timed(child, {**environment(), "BENCH_LAUNCHED": str(time.time())})
+                result = json.loads((args.work / "st" / "result.json").read_text()) | {"peak": peak}
             result["metrics"] = ranking_metrics(result["scores"], relevance, sizes)
             runs[side].append(result)
     start = scores_ours_untrained(args, template, test[:10])
@@ -264,17 +264,22 @@ def main() -> None:
     difference = max(abs(a - b) for a, b in zip(start, st_untrained, strict=True))
     print(f"untrained scores, ours vs ST: max difference {difference:.1e}")
     bm25 = ranking_metrics(list(range(len(test), 0, -1)), relevance, sizes)
-    print("| trainer | NDCG@10 | MRR@10 | NDCG@10 per seed | wall | of which steps | wall vs ST |")
-    print("|---|---:|---:|---|---:|---:|---:|")
-    print(f"| BM25 alone (first stage) | {bm25['ndcg@10']:.4f} | {bm25['mrr@10']:.4f} | | | | |")
+    print("| trainer | NDCG@10 (+- s.e. over seeds) | MRR@10 | NDCG@10 per seed | wall | of which steps | peak memory "
+          "| wall vs ST |")  # fmt: skip
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
+    print(f"| BM25 alone (first stage) | {bm25['ndcg@10']:.4f} | {bm25['mrr@10']:.4f} | | | | | |")
     walls = {side: statistics.median(r["wall"] for r in results) for side, results in runs.items()}
     for side, results in runs.items():
-        ndcg = statistics.mean(r["metrics"]["ndcg@10"] for r in results)
+        ndcgs = [r["metrics"]["ndcg@10"] for r in results]
+        ndcg = statistics.mean(ndcgs)
+        error = f" +- {statistics.stdev(ndcgs) / len(ndcgs) ** 0.5:.4f}" if len(ndcgs) > 1 else ""
+        peak = max(r["peak"] for r in results)
         mrr = statistics.mean(r["metrics"]["mrr@10"] for r in results)
         per_seed = ", ".join(f"{r['metrics']['ndcg@10']:.3f}" for r in results)
         steps = statistics.median(r["steps_time"] for r in results)
         ratio = walls["sentence-transformers CrossEncoder"] / walls[side]
-        print(f"| {side} | {ndcg:.4f} | {mrr:.4f} | {per_seed} | {walls[side]:.0f} s | {steps:.0f} s | {ratio:.2f}x |")
+        print(f"| {side} | {ndcg:.4f}{error} | {mrr:.4f} | {per_seed} | {walls[side]:.0f} s | {steps:.0f} s | "
+              f"{peak:.2f} GiB | {ratio:.2f}x |")  # fmt: skip
 
 
 def scores_ours_untrained(args, template, rows) -> list[float]:

@@ -20,7 +20,6 @@ script, its adapter saved). Peak memory is the largest resident set (`/usr/bin/t
 chosen scored above rejected) comes afterwards, outside the timing, with its standard error over the test pairs.
 """
 
-import argparse
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import evaluate_ours, interleaved, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
+from peers import evaluate_ours, interleaved, peer_parser, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
 
 STEPS, BATCH, LR, LORA_R, WARMUP = 40, 8, 1e-3, 16, 0.05
 OURS, TRL = "stable-models train (packed pairs)", "TRL RewardTrainer (padded to the longest)"
@@ -104,14 +103,7 @@ def score(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="mode")
-    peer = sub.add_parser("trl", help="(internal) the RewardTrainer peer")
-    for flag in ("--model", "--train", "--dev", "--output"):
-        peer.add_argument(flag, type=Path, required=True)
-    scorer = sub.add_parser("score", help="(internal) test accuracy of the peer's saved adapter")
-    for flag in ("--model", "--adapter", "--data"):
-        scorer.add_argument(flag, type=Path, required=True)
+    parser, _ = peer_parser(__doc__, "trl", "the RewardTrainer peer")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-reward-peers")
     args = parser.parse_args()

@@ -34,10 +34,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from cli_demo import CACHE, fetch  # noqa: E402  (the demos' cache)
 
 LORA_R = 16
-JOBS = {  # task: (steps, examples per step, learning rate), as the demos run them
-    "classification": (40, 8, 1e-3),
-    "preference": (40, 8, 1e-3),
-    "ranking": (20, 4, 5e-4),
+JOBS = {  # job: (task, steps, examples per step, learning rate, the peer's micro-batch), as the demos run them
+    "classification": ("classification", 40, 8, 1e-3, 8),
+    "preference": ("preference", 40, 8, 1e-3, 8),
+    "ranking": ("ranking", 20, 4, 5e-4, 4),
+    "boolq": ("classification", 8, 32, 1e-3, 8),  # benchmarks/boolq_peers.py's job; its peer at 32 runs out of memory
 }
 
 
@@ -49,6 +50,17 @@ def classification_examples(tokenizer, work: Path) -> list[dict]:
     labels = ["fresh", "rotten"]
     return [
         {"input_ids": tokenizer(r["text"])["input_ids"], "labels": labels.index(r["label"])}
+        for r in map(json.loads, train.open())
+    ]
+
+
+def boolq_examples(tokenizer, work: Path) -> list[dict]:
+    from boolq_peers import LABELS, TRAIN_ROWS, write_splits
+
+    fetch("boolq")
+    train = write_splits(CACHE / "data" / "boolq.jsonl", work / "boolq", TRAIN_ROWS, 0)["train"]
+    return [
+        {"input_ids": tokenizer(r["question"], r["passage"])["input_ids"], "labels": LABELS.index(r["label"])}
         for r in map(json.loads, train.open())
     ]
 
@@ -99,7 +111,8 @@ def shared_start(ids: list[list[int]]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=list(JOBS), default="classification")
+    parser.add_argument("--task", choices=list(JOBS), default="classification",
+                        help="a demo's job, or boolq: benchmarks/boolq_peers.py's job at global batch 32")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, help="fewer steps than the job's (a quick check)")
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "bench-steps")
@@ -114,15 +127,19 @@ def main() -> None:
     from stable_models.losses import bradley_terry_loss, ranking_loss
     from stable_models.packing import PackedCollator, PackedGroupCollator, PackedPairCollator
 
-    steps, size, lr = JOBS[args.task]
+    job = args.task
+    args.task, steps, size, lr, peer_micro = JOBS[job]
     steps = args.steps or steps
     model_path = CACHE / "models" / "smollm2-135m"
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    examples = globals()[f"{args.task}_examples"](tokenizer, args.work)
+    examples = globals()[f"{job}_examples"](tokenizer, args.work)
     order = random.Random(0).sample(range(len(examples)), len(examples))
     batches = [[examples[i] for i in order[s * size : (s + 1) * size]] for s in range(steps)]
     pad = tokenizer.pad_token_id
+
+    def micro_batches(batch):  # the peer's micro-batches of a step (it accumulates where the whole batch won't fit)
+        return [padded(batch[start : start + peer_micro]) for start in range(0, len(batch), peer_micro)]
 
     def padded(batch):  # the peer's batch: every list padded to the longest, the stock class's label per list
         lists = [ids for example in batch for ids in responses(args.task, example)]
@@ -174,11 +191,12 @@ def main() -> None:
                           target_modules=decoder_layer_linears(model))  # fmt: skip
         model = get_peft_model(model, lora).train()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-        return model, optimizer, [collate(batch) for batch in batches], loss
+        steps = [collate(batch) for batch in batches]
+        return model, optimizer, [x if isinstance(x, list) else [x] for x in steps], loss
 
     stock = AutoModelForSequenceClassification.from_pretrained
     setups = {
-        "peer's batches (padded to the longest, stock class)": setup(stock, padded),
+        "peer's batches (padded to the longest, stock class)": setup(stock, micro_batches),
         "ours (Stable class, packed rows, the task's loss)": setup(
             stable_models.from_pretrained, collators[args.task], ours_loss
         ),
@@ -192,17 +210,18 @@ def main() -> None:
         for name in names:
             model, optimizer, inputs, loss = setups[name]
             started = time.perf_counter()
-            for x in inputs:
-                loss(model, x).backward()
+            for micro in inputs:
+                for x in micro:
+                    (loss(model, x) / len(micro)).backward()
                 optimizer.step()
                 optimizer.zero_grad()
             walls[name].append(time.perf_counter() - started)
             print(f"round {round_ + 1}: {name}: {walls[name][-1]:.1f} s", file=sys.stderr, flush=True)
     ideal = statistics.median(walls["ideal (real tokens, one row, no mask)"])
-    print(f"| {args.task}: {steps} steps of {size} | token slots | wall (median of {args.rounds}) | vs the ideal |")
+    print(f"| {job}: {steps} steps of {size} | token slots | wall (median of {args.rounds}) | vs the ideal |")
     print("|---|---:|---:|---:|")
     for name, times in walls.items():
-        slots = sum(x["input_ids"].numel() for x in setups[name][2])
+        slots = sum(x["input_ids"].numel() for micro in setups[name][2] for x in micro)
         median = statistics.median(times)
         runs = ", ".join(f"{t:.1f}" for t in times)
         print(f"| {name} | {slots:,} | {median:.1f} s ({runs}) | {median / ideal:.2f}x |")

