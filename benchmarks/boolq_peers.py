@@ -153,27 +153,24 @@ def write_splits(source: Path, folder: Path, train_rows: int, test_rows: int) ->
 
 def runs(model: Path, split: dict, work: Path, batch: int, steps: int, seed: int) -> dict:
     """Each run's command and how its test accuracy is read afterwards, for one batch size and seed."""
-    ours = work / "ours"
     train = [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"], "--eval",
-             split["dev"], *KEYS, "--output", ours, "--overwrite", "--dtype", "fp32", "--max-steps", steps,
-             "--batch-size", batch, "--lr", LR, "--lora-r", LORA_R, "--seed", seed, "--eval-steps", steps]  # fmt: skip
+             split["dev"], *KEYS, "--overwrite", "--dtype", "fp32", "--max-steps", steps, "--lr", LR, "--lora-r",
+             LORA_R, "--seed", seed, "--eval-steps", steps]  # fmt: skip
     peer = [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"],
             "--batch", batch, "--steps", steps, "--seed", seed]  # fmt: skip
+
+    def ours_run(folder: str, micro: int) -> tuple:
+        command = [*train, "--output", work / folder, "--batch-size", micro, "--grad-accum", batch // micro]
+        return command, lambda: evaluate_ours(work / folder, split["test"], *KEYS)
 
     def peer_run(folder: str, *flags) -> tuple:
         return [*peer, "--output", work / folder, *flags], lambda: trainer_accuracy(
             model, work / folder, split["test"], script=__file__
         )
 
-    accumulated = work / "ours-accumulated"
-    micro = [*train[: train.index("--output")], "--output", accumulated, *train[train.index("--output") + 2 :]]
-    micro[micro.index("--batch-size") + 1] = min(MICRO_BATCH, batch)
     return {
-        OURS: (train, lambda: evaluate_ours(ours, split["test"], *KEYS)),
-        OURS_ACCUMULATED: (
-            [*micro, "--grad-accum", batch // min(MICRO_BATCH, batch)],
-            lambda: evaluate_ours(accumulated, split["test"], *KEYS),
-        ),
+        OURS: ours_run("ours", batch),
+        OURS_ACCUMULATED: ours_run("ours-accumulated", min(MICRO_BATCH, batch)),
         DYNAMIC: peer_run("trainer-dynamic"),
         GROUPED: peer_run("trainer-grouped", "--group-by-length"),
     }

@@ -10,7 +10,8 @@ the ideal (each batch's real tokens in one row, no padding and no mask: the fewe
 Model and data come from PyPI wheels (cached). The jobs are the demos' own: `./dev demo` (Rotten Tomatoes reviews),
 `./dev demo --reward` (a fresh over a rotten review of one movie, rendered as TRL's RewardTrainer renders them:
 prompt + response + eos) and `./dev demo --rerank` (SciQ questions with their passage among BM25's top 20, each group
-its positive and 3 negatives drawn per step, through the demo's chat template, cut at 256 tokens).
+its positive and 3 negatives drawn per step, through the demo's chat template, cut at 256 tokens). `--task boolq`:
+benchmarks/boolq_peers.py's job at global batch 32, the peer in micro-batches of 8 (at 32 it runs out of memory).
 
 It bounds what an end-to-end comparison can show: both commands also pay start-up, evaluation and saving, so the
 end-to-end ratio against a peer is at most its steps over the ideal's. Same batches (a seeded random order, like
