@@ -17,7 +17,7 @@ patched, and no architecture's modeling code is imported.
 import importlib
 import importlib.util
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # public name -> the module that defines it
 PUBLIC = {
@@ -25,7 +25,7 @@ PUBLIC = {
     "StableSequenceClassificationMixin": "modeling_stable",
     "Fp32Linear": "modeling_loss",
     "STABLE_CLASSES": "registry",
-    "from_pretrained": "registry",
+    "from_pretrained": "loading",
     "register": "registry",
     "registered": "registry",
     "stable_class_for": "registry",

@@ -1,14 +1,29 @@
-"""Who scores a saved folder as `stable-models predict` does: one row of cells per folder, a cell per consumer (the
-transformers class with and without remote code, `pipeline`, sentence-transformers, vLLM offline and served, ONNX),
-each saying what to pass, or why that consumer cannot give the trained scores. Derived from the folder's config and
-tokenizer alone; `stable-models verify` prints it, `train` warns with its refusals, docs/ecosystem.md's table is
-written from it, and tests/test_consumers.py (tests/serving for vLLM) holds every cell to predict's scores."""
+"""Who scores a saved folder as `stable-models predict` does: one row of cells per folder, a cell per consumer (this
+library's loader, the transformers class with and without remote code, `pipeline`, sentence-transformers, vLLM offline
+and served, ONNX), each saying what to pass, or why that consumer cannot give the trained scores. Derived from the
+folder's form, config and tokenizer alone; `stable-models verify` prints it, `train` prints its load and serve lines
+from it and warns with its refusals, docs/ecosystem.md's table is written from it, and tests/test_consumers.py and
+tests/test_folder_forms.py (tests/serving for vLLM) hold every cell to predict's scores."""
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
+from .modeling_files import (
+    ADAPTER,
+    CLASSIFIER,
+    GENERATIVE,
+    GENERATIVE_MARK,
+    MERGED,
+    RERANKER,
+    REWARD_MODEL,
+    folder_form,
+    model_kind,
+)
 from .templates import RerankTemplate, adds_special_tokens
 
 COLUMNS = (
+    "stable_models",
     "transformers, trust_remote_code",
     "transformers, stock class",
     "pipeline",
@@ -30,32 +45,84 @@ class Cell:
         return f"{self.consumer}: {mark}: {self.how}"
 
 
-def folder_kind(config) -> str:
-    if getattr(config, "reranker_template", None) is not None:
-        return "reranker"
-    return "reward model" if dict(config.id2label or {}) in ({0: "reward"}, {"0": "reward"}) else "classifier"
+LOADER = "stable_models.from_pretrained(folder)"
 
 
-def consumer_table(config, tokenizer) -> list[Cell]:
-    """One cell per COLUMNS entry for a folder with this config and tokenizer."""
-    kind = folder_kind(config)
-    template = RerankTemplate(config.reranker_template, config.reranker_instruction) if kind == "reranker" else None
+def consumer_table(config, tokenizer, form: str = MERGED, generative: dict | None = None) -> list[Cell]:
+    """One cell per COLUMNS entry for a folder of this form (modeling_files.folder_form) with this config (an
+    adapter's: its stable_config.json) and tokenizer; `generative`: a generative folder's reranker.json."""
+    if form == GENERATIVE:
+        return generative_cells(generative or {})
+    kind = model_kind(config)
+    template = RerankTemplate(config.reranker_template, config.reranker_instruction) if kind == RERANKER else None
+    if form == ADAPTER:
+        return adapter_cells(config, kind, template)
     added = adds_special_tokens(tokenizer)
-    rendered = "inputs rendered as in the first column"
+    rendered = "inputs rendered as in the second column"
     return [
-        Cell(COLUMNS[0], True, remote_code_inputs(kind, template)),
+        Cell(COLUMNS[0], True, f"{LOADER} (no code from the folder runs); {rendered}"),
+        Cell(COLUMNS[1], True, remote_code_inputs(kind, template)),
         stock_cell(config, rendered),
         pipeline_cell(kind, template, added),
         sentence_transformers_cell(kind, template, tokenizer),
         *vllm_cells(kind, template, added, getattr(config, "problem_type", None)),
-        Cell(COLUMNS[6], True, f"torch.onnx.export(model, (input_ids, attention_mask), dynamo=True); {rendered}"),
+        Cell(COLUMNS[7], True, f"torch.onnx.export(model, (input_ids, attention_mask), dynamo=True); {rendered}"),
     ]
+
+
+def adapter_cells(config, kind, template) -> list[Cell]:
+    """An adapter folder (train --save-adapter): peft's files and stable_config.json, no config.json and no weights of
+    the base. This library merges it as predict does; vLLM applies it as a LoRA module on the base."""
+    merge_first = f"an adapter folder has no config.json: merge it first ({LOADER}.save_pretrained(merged_folder))"
+    stock = (config.architectures or ["?"])[0]
+    overrides = {"architectures": [stock], "num_labels": config.num_labels}
+    lora = "lora_request=LoRARequest(NAME, 1, folder)"
+    llm = f'LLM(BASE, runner="pooling", hf_overrides={json.dumps(overrides)}, enable_lora=True)'
+    if getattr(config, "classifier_pooling", "last") != "last":
+        offline = Cell(
+            COLUMNS[5], False, "vLLM pools the base by its last token (it has no pooling files); this pools the mean"
+        )
+    elif template is not None and not template.is_pair:
+        offline = Cell(COLUMNS[5], False, "vLLM reads no chat template from an adapter: merge it first")
+    else:
+        call = "score(query, documents" if kind == RERANKER else "classify(texts"
+        offline = Cell(COLUMNS[5], True, f"{llm}.{call}, {lora}), BASE as adapter_config.json names it")
+    return [
+        Cell(COLUMNS[0], True, f"{LOADER}: the base with stable_config.json, the adapter merged (merge=False: peft's)"),
+        Cell(COLUMNS[1], False, merge_first),
+        Cell(COLUMNS[2], False, "with peft installed it builds the stock class on the base: no stable_config.json"),
+        Cell(COLUMNS[3], False, merge_first),
+        Cell(COLUMNS[4], False if kind == RERANKER else None, merge_first if kind == RERANKER else ST_RERANKERS),
+        offline,
+        Cell(COLUMNS[6], None, "--enable-lora --lora-modules NAME=folder is not held by a test here: use vLLM offline"),
+        Cell(COLUMNS[7], False, merge_first),
+    ]
+
+
+def generative_cells(how: dict) -> list[Cell]:
+    """A reranker's generative form (train --save-generative): a plain causal LM, no score head, no code files."""
+    score = f"{how.get('score', 'logit(yes) - logit(no) at the last position')} ({GENERATIVE_MARK})"
+    overrides = json.dumps(how.get("vllm_hf_overrides", {}))
+    return [
+        Cell(COLUMNS[0], False, "a causal LM with no score head: it refuses the folder and names the loaders here"),
+        Cell(COLUMNS[1], None, "no code files: a plain causal LM (next column)"),
+        Cell(COLUMNS[2], True, f"AutoModelForCausalLM.from_pretrained(folder), the chat template's ids: {score}"),
+        Cell(COLUMNS[3], False, "text-classification builds a new, untrained score head on a causal LM"),
+        Cell(COLUMNS[4], True, "CrossEncoder(folder).predict / .rank: LogitScore, no remote code"),
+        Cell(COLUMNS[5], True, f'LLM(folder, runner="pooling", hf_overrides={overrides}).{TEMPLATED_SCORE}'),
+        Cell(COLUMNS[6], None, f"--hf-overrides '{overrides}' is not held by a test here: use vLLM offline"),
+        Cell(COLUMNS[7], None, "not held by a test here: export the merged folder"),
+    ]
+
+
+TEMPLATED_SCORE = "score(query, documents, chat_template=FOLDER/chat_template.jinja's text)"
+ST_RERANKERS = "CrossEncoder scores (query, document) pairs: rerankers only"
 
 
 def remote_code_inputs(kind, template) -> str:
     load = "AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)"
     if template is None:
-        eos = ", each response ending in eos as TRL renders it" if kind == "reward model" else ""
+        eos = ", each response ending in eos as TRL renders it" if kind == REWARD_MODEL else ""
         return f"{load}; tokenizer(texts{eos})"
     if template.is_pair:
         return f"{load}; tokenizer(queries, documents)"
@@ -74,74 +141,74 @@ def stock_cell(config, rendered) -> Cell:
     elif config.pad_token_id is not None and config.pad_token_id in eos:
         why = "pad == eos: it pools the token before a trailing eos (TRL's rewards, chat templates)"
     else:
-        return Cell(COLUMNS[1], True, f"AutoModelForSequenceClassification.from_pretrained(folder); {rendered}")
-    return Cell(COLUMNS[1], False, why)
+        return Cell(COLUMNS[2], True, f"AutoModelForSequenceClassification.from_pretrained(folder); {rendered}")
+    return Cell(COLUMNS[2], False, why)
 
 
 def pipeline_cell(kind, template, added) -> Cell:
     call = 'pipeline("text-classification", model=folder, trust_remote_code=True'
-    if kind == "classifier":
-        return Cell(COLUMNS[2], True, f"{call}, top_k=None): predict's probabilities")
-    if kind == "reward model":
-        return Cell(COLUMNS[2], True, f'{call}, function_to_apply="none"): the reward')
+    if kind == CLASSIFIER:
+        return Cell(COLUMNS[3], True, f"{call}, top_k=None): predict's probabilities")
+    if kind == REWARD_MODEL:
+        return Cell(COLUMNS[3], True, f'{call}, function_to_apply="none"): the reward')
     if template.is_pair:
-        return Cell(COLUMNS[2], True, f'{call}, function_to_apply="none") on {{"text": query, "text_pair": document}}')
+        return Cell(COLUMNS[3], True, f'{call}, function_to_apply="none") on {{"text": query, "text_pair": document}}')
     if added:
-        return Cell(COLUMNS[2], False, f"it tokenizes a rendered pair with add_special_tokens=True, adding {added[0]}")
+        return Cell(COLUMNS[3], False, f"it tokenizes a rendered pair with add_special_tokens=True, adding {added[0]}")
     return Cell(
-        COLUMNS[2], True, f'{call}, function_to_apply="none") on tokenizer.apply_chat_template(..., tokenize=False)'
+        COLUMNS[3], True, f'{call}, function_to_apply="none") on tokenizer.apply_chat_template(..., tokenize=False)'
     )
 
 
 def sentence_transformers_cell(kind, template, tokenizer) -> Cell:
     if template is None:
-        return Cell(COLUMNS[3], None, "CrossEncoder scores (query, document) pairs: rerankers only")
+        return Cell(COLUMNS[4], None, ST_RERANKERS)
     load = "CrossEncoder(folder, trust_remote_code=True).predict / .rank (sigmoid by default)"
     if template.is_pair:
         if getattr(tokenizer, "chat_template", None):
             why = "it renders pairs through the tokenizer's chat template, not as the tokenizer's text pair (or raises "
-            return Cell(COLUMNS[3], False, why + "where that template has no query / document roles)")
-        return Cell(COLUMNS[3], True, f"{load}: the tokenizer's text pair, cut in the document")
+            return Cell(COLUMNS[4], False, why + "where that template has no query / document roles)")
+        return Cell(COLUMNS[4], True, f"{load}: the tokenizer's text pair, cut in the document")
     if not template.document_is_last:
         return Cell(
-            COLUMNS[3],
+            COLUMNS[4],
             True,
             f"{load}: the folder's chat template; {{query}} follows {{document}}, so an over-long "
             "input is cut elsewhere than in predict",
         )
-    return Cell(COLUMNS[3], True, f"{load}: the folder's chat template, an over-long document cut as predict cuts it")
+    return Cell(COLUMNS[4], True, f"{load}: the folder's chat template, an over-long document cut as predict cuts it")
 
 
 def vllm_cells(kind, template, added, problem_type=None) -> list[Cell]:
     llm = 'LLM(folder, runner="pooling")'
-    if kind == "classifier":
-        return [Cell(COLUMNS[4], True, f"{llm}.classify(texts)"), Cell(COLUMNS[5], True, "/classify")]
-    if kind == "reward model":
+    if kind == CLASSIFIER:
+        return [Cell(COLUMNS[5], True, f"{llm}.classify(texts)"), Cell(COLUMNS[6], True, "/classify")]
+    if kind == REWARD_MODEL:
         raw = "PoolingParams(use_activation=False)"
         return [
-            Cell(COLUMNS[4], True, f"{llm}.classify(texts, pooling_params={raw}): the reward"),
-            Cell(COLUMNS[5], True, '/pooling with "use_activation": false: the reward'),
+            Cell(COLUMNS[5], True, f"{llm}.classify(texts, pooling_params={raw}): the reward"),
+            Cell(COLUMNS[6], True, '/pooling with "use_activation": false: the reward'),
         ]
     keep_end = "max_tokens_per_doc keeps the template's end, cutting the document alone"
     # vLLM applies no activation to a regression head (what train saves for rerankers), a sigmoid to any other
     activation = "the score as predict writes it" if problem_type == "regression" else "sigmoid(score)"
     if template.is_pair:
         return [
-            Cell(COLUMNS[4], True, f"{llm}.score(query, documents): {activation}; no chat_template"),
-            Cell(COLUMNS[5], True, f"/score and /rerank: {activation}; no --chat-template; {keep_end}"),
+            Cell(COLUMNS[5], True, f"{llm}.score(query, documents): {activation}; no chat_template"),
+            Cell(COLUMNS[6], True, f"/score and /rerank: {activation}; no --chat-template; {keep_end}"),
         ]
     read = "vLLM 0.32 reads no template from the folder: "
-    offline = f"{llm}.score(query, documents, chat_template=FOLDER/chat_template.jinja's text): {activation}"
+    offline = f"{llm}.{TEMPLATED_SCORE}: {activation}"
     if added:
         why = f"it tokenizes the rendered pair with add_special_tokens=True, adding {added[0]}"
         return [
-            Cell(COLUMNS[4], True, f"{read}{offline}, tokenization_kwargs={{'add_special_tokens': False}}"),
-            Cell(COLUMNS[5], False, why + " (the server has no switch)"),
+            Cell(COLUMNS[5], True, f"{read}{offline}, tokenization_kwargs={{'add_special_tokens': False}}"),
+            Cell(COLUMNS[6], False, why + " (the server has no switch)"),
         ]
     return [
-        Cell(COLUMNS[4], True, read + offline),
+        Cell(COLUMNS[5], True, read + offline),
         Cell(
-            COLUMNS[5],
+            COLUMNS[6],
             True,
             f"{read}--chat-template FOLDER/chat_template.jinja; /score and /rerank: {activation}; {keep_end}",
         ),
@@ -149,13 +216,15 @@ def vllm_cells(kind, template, added, problem_type=None) -> list[Cell]:
 
 
 def folder_table(folder) -> list[Cell]:
-    """consumer_table for a saved folder (its config.json and tokenizer; an adapter folder's stable_config.json)."""
-    from transformers import AutoConfig, AutoTokenizer
+    """consumer_table for a saved folder of any form: its config (an adapter's stable_config.json) and tokenizer."""
+    from transformers import AutoTokenizer
 
-    from .adapters import adapter_config, is_adapter_folder
+    from .loading import folder_config
 
-    config = adapter_config(folder)[1] if is_adapter_folder(folder) else AutoConfig.from_pretrained(folder)
-    return consumer_table(config, AutoTokenizer.from_pretrained(folder))
+    form = folder_form(folder)
+    if form == GENERATIVE:
+        return consumer_table(None, None, form, json.loads((Path(folder) / GENERATIVE_MARK).read_text()))
+    return consumer_table(folder_config(folder), AutoTokenizer.from_pretrained(folder), form)
 
 
 def markdown(rows: dict) -> str:

@@ -60,17 +60,45 @@ RERANKER_KIND = (
 )
 
 
+# a folder's form: the files `train` writes decide it (`folder_form`)
+MERGED, ADAPTER, GENERATIVE = "merged", "adapter", "generative"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: an adapter on a base checkpoint (train --save-adapter)
+GENERATIVE_MARK = "reranker.json"  # a reranker's generative form: a causal LM, no score head (train --save-generative)
+
+# a model's kind: what its config says it scores (`model_kind`)
+CLASSIFIER, REWARD_MODEL, RERANKER = "classifier", "reward model", "reranker"
+
+
+def folder_form(folder) -> str:
+    """The one answer to "what form is this folder": an adapter (peft's adapter_config.json on a base checkpoint), a
+    generative reranker (a causal LM whose logit(yes) - logit(no) is the score), or a whole model (merged)."""
+    if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
+        return ADAPTER
+    if os.path.isfile(os.path.join(folder, GENERATIVE_MARK)):
+        return GENERATIVE
+    return MERGED
+
+
+def model_kind(config) -> str:
+    """The one answer to "what does this model score", from its config (a transformers config or config.json's dict):
+    a reranker keeps the template its inputs were rendered with, a reward model has one output labelled "reward"."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    if get("reranker_template") is not None:
+        return RERANKER
+    labels = {str(k): v for k, v in (get("id2label") or {}).items()}
+    return REWARD_MODEL if labels == {"0": "reward"} else CLASSIFIER
+
+
 def card_kind(config) -> tuple[str, str]:
-    """(what the model card calls the model, its hub tag): a reward model has one output labelled "reward", a
-    reranker keeps the template its inputs were rendered with."""
-    if config.num_labels == 1 and str((config.id2label or {}).get(0)) == "reward":
-        return REWARD_KIND, "reward-model"
-    if getattr(config, "reranker_template", None) is not None:
-        return RERANKER_KIND, "text-ranking"
-    return "sequence classifier", "text-classification"
+    """(what the model card calls the model, its hub pipeline tag)."""
+    return {
+        REWARD_MODEL: (REWARD_KIND, "reward-model"),
+        RERANKER: (RERANKER_KIND, "text-ranking"),
+        CLASSIFIER: ("sequence classifier", "text-classification"),
+    }[model_kind(config)]
 
 
-CODE_VERSION = "0.4.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
+CODE_VERSION = "0.5.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
 
 
 def record_code_files(folder: str) -> None:

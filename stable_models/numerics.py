@@ -24,6 +24,21 @@ class Numerics:
     def padding_tolerance(self, dtype) -> float:
         return PADDING_TOLERANCE[dtype] * max(1.0, self.logit_scale)
 
+    def problems(self, dtype) -> dict[str, str]:
+        """{check: what breaks the contract}, judged here once for a model in `dtype` (checks: finite, padding, loss
+        dtype, num_items): train's pre-flight stops on the first, the doctor fails each. Where something is not
+        finite, nothing else is judged."""
+        if not self.finite:
+            return {"finite": f"non-finite loss, logits or gradients (first at {self.first_non_finite})"}
+        found = {}
+        if self.padding_error > (tolerance := self.padding_tolerance(dtype)):
+            found["padding"] = f"left and right padding give logits {self.padding_error:.2e} apart (> {tolerance:.1e})"
+        if self.loss_dtype != torch.float32:
+            found["loss dtype"] = f"the loss is in {self.loss_dtype}, not fp32"
+        if not self.honours_num_items:
+            found["num_items"] = "the loss ignores num_items_in_batch (gradient accumulation would scale it)"
+        return found
+
 
 def check_numerics(model, batch: dict, labels, others: list) -> Numerics:
     """One forward and backward of `batch` (in eval mode: no dropout, so the forwards compare), its loss given twice

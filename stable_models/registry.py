@@ -8,12 +8,10 @@ code.
 
 import contextlib
 import functools
-import json
-import os
 from collections.abc import Mapping
 
 import transformers
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
@@ -85,61 +83,6 @@ class _StableClasses(Mapping):
 
 
 STABLE_CLASSES = _StableClasses()
-
-
-def from_pretrained(pretrained_model_name_or_path, **kwargs):
-    """Load any supported checkpoint as its Stable class, picked by model_type: a base CausalLM (also from a GGUF
-    file, `gguf_file=`), a classifier, or a peft adapter folder (adapter_config.json, no config.json), which loads
-    its base and then the adapter."""
-    path = pretrained_model_name_or_path
-    if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
-        os.path.join(path, "config.json")
-    ):
-        return from_adapter_folder(path, **kwargs)
-    where = {key: kwargs[key] for key in ("gguf_file", "subfolder", "revision") if kwargs.get(key)}
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False, **where)
-    return stable_class_for(config.model_type).from_pretrained(path, **kwargs)
-
-
-def from_adapter_folder(folder, **kwargs):
-    """Base model from adapter_config.json's `base_model_name_or_path` (num_labels from the saved head when not
-    given), then `PeftModel.from_pretrained`; a clear error when the base cannot be found locally."""
-    from peft import PeftModel
-
-    with open(os.path.join(folder, "adapter_config.json")) as handle:
-        base = json.load(handle).get("base_model_name_or_path")
-    how = (
-        f"load the base yourself and add the adapter: model = stable_models.from_pretrained(base_folder, "
-        f"num_labels=...); model = peft.PeftModel.from_pretrained(model, {str(folder)!r})"
-    )
-    if not base:
-        raise ValueError(f"{folder}: adapter_config.json names no base_model_name_or_path; {how}.")
-    try:
-        config = AutoConfig.from_pretrained(base, trust_remote_code=False)
-    except (OSError, ValueError) as error:
-        raise ValueError(
-            f"{folder}: the adapter's base model {base!r} (adapter_config.json, base_model_name_or_path) cannot be "
-            f"loaded here ({str(error).splitlines()[0]}). Put the base checkpoint at that path or set the field to a "
-            f"local copy, or {how}."
-        ) from None
-    if "num_labels" not in kwargs and (labels := saved_head_rows(folder)):
-        kwargs["num_labels"] = labels
-    model = stable_class_for(config.model_type).from_pretrained(base, **kwargs)
-    return PeftModel.from_pretrained(model, folder)
-
-
-def saved_head_rows(folder) -> int | None:
-    """Rows of the `score` weight a SEQ_CLS adapter saved (peft keeps the trained head in modules_to_save)."""
-    from safetensors import safe_open
-
-    path = os.path.join(folder, "adapter_model.safetensors")
-    if not os.path.isfile(path):
-        return None
-    with safe_open(path, "pt") as weights:
-        for key in weights.keys():
-            if key.endswith("score.weight"):
-                return weights.get_slice(key).get_shape()[0]
-    return None
 
 
 def register(*model_types: str) -> None:

@@ -127,3 +127,20 @@ def as_predicted(row: Row, logits: torch.Tensor) -> torch.Tensor:
     """A consumer's raw logits as predict reports them: softmax probabilities for a classifier, else the one output."""
     logits = logits.double()
     return logits.softmax(-1) if row.kind == "classifier" else logits.reshape(-1)
+
+
+def form_rows(root) -> dict:
+    """The consumer rows of the sample reranker's other forms, saved as train saves them: its adapter (train
+    --save-adapter) and its generative form (--save-generative); tests/test_folder_forms.py trains and holds them."""
+    from peft import LoraConfig, get_peft_model
+
+    from stable_models.adapters import save_adapter
+    from stable_models.consumers import folder_table
+    from stable_models.generative import save_generative
+
+    row = next(r for r in ROWS if r.sample)
+    model, tokenizer = build(row, root / "reranker")
+    save_generative(model, tokenizer, root / "generative", "the", "a")
+    adapted = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=2, target_modules=["q_proj"]))
+    save_adapter(adapted, tokenizer, root / "adapter")
+    return {f"{row.name}: {form}": folder_table(root / form) for form in ("adapter", "generative")}

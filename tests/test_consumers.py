@@ -8,12 +8,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from consumer_rows import BY_ROW, QUERY, ROWS, TEXTS, as_predicted, build, documents, messages, predict, rendered
+from consumer_rows import (
+    BY_ROW,
+    QUERY,
+    ROWS,
+    TEXTS,
+    as_predicted,
+    build,
+    documents,
+    form_rows,
+    messages,
+    predict,
+    rendered,
+)
 
 from stable_models.consumers import COLUMNS, consumer_table, folder_table, markdown
 
 TOLERANCE = 1e-4
-MAIN = COLUMNS[:4] + COLUMNS[6:]  # vLLM's two columns: tests/serving
+MAIN = COLUMNS[:5] + COLUMNS[7:]  # vLLM's two columns: tests/serving
 _folders = {}
 
 
@@ -40,6 +52,13 @@ def padded(tokenizer, ids):
 def logits(model, tokenizer, ids):
     with torch.no_grad():
         return model(**padded(tokenizer, ids)).logits
+
+
+def stable_models_loader(folder, row, tokenizer, long=False):
+    import stable_models
+
+    model = stable_models.from_pretrained(folder).eval()
+    return as_predicted(row, logits(model, tokenizer, rendered(tokenizer, row, long)))
 
 
 def transformers_remote(folder, row, tokenizer, long=False):
@@ -102,7 +121,14 @@ def onnx_scores(folder, row, tokenizer, long=False):
 CONSUMERS = dict(
     zip(
         MAIN,
-        [transformers_remote, transformers_stock, pipeline_scores, sentence_transformers_scores, onnx_scores],
+        [
+            stable_models_loader,
+            transformers_remote,
+            transformers_stock,
+            pipeline_scores,
+            sentence_transformers_scores,
+            onnx_scores,
+        ],
         strict=True,
     )
 )
@@ -189,6 +215,7 @@ def test_the_docs_table_is_the_consumer_table_of_the_matrix_rows(tmp_path):
     for row in ROWS:
         build(row, tmp_path / str(len(rows)))
         rows[row.name] = folder_table(tmp_path / str(len(rows)))
+    rows.update(form_rows(tmp_path / "forms"))
     docs = (Path(__file__).parent.parent / "docs" / "ecosystem.md").read_text()
     written = re.search(r"<!-- consumer matrix: begin -->\n(.*?)<!-- consumer matrix: end -->", docs, re.S)
     assert written, "docs/ecosystem.md has no consumer matrix"
@@ -210,7 +237,7 @@ def test_the_table_has_a_cell_per_consumer_for_each_kind(tmp_path):
         model, tokenizer = build(row, tmp_path / str(i))
         cells = consumer_table(model.config, tokenizer)
         assert [c.consumer for c in cells] == list(COLUMNS)
-        assert (cells[3].ok is None) == (row.kind != "reranker")
+        assert (cells[4].ok is None) == (row.kind != "reranker")
 
 
 @pytest.mark.parametrize(

@@ -387,9 +387,12 @@ def test_stable_models_from_pretrained_takes_an_adapter_folder(tmp_path):
     ids, mask = pad_batch(random_sequences([6, 3]), "left")
     with torch.no_grad():
         expected = model.eval()(input_ids=ids, attention_mask=mask).logits
-        loaded = stable_models.from_pretrained(tmp_path / "adapter").eval()
+        loaded = stable_models.from_pretrained(tmp_path / "adapter", merge=False).eval()
         assert type(loaded.base_model.model) is arch.stable_class
         assert torch.equal(loaded(input_ids=ids, attention_mask=mask).logits, expected)
+        merged = stable_models.from_pretrained(tmp_path / "adapter").eval()  # as predict scores it
+        assert type(merged) is arch.stable_class
+        torch.testing.assert_close(merged(input_ids=ids, attention_mask=mask).logits, expected, atol=1e-5, rtol=0)
 
     config_path = tmp_path / "adapter" / "adapter_config.json"
     config = json.loads(config_path.read_text())

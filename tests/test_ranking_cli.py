@@ -418,8 +418,6 @@ def test_save_adapter_keeps_the_lora_unmerged_and_every_command_takes_the_folder
     it; --calibrate and the vLLM engine refuse it with one line."""
     from peft import PeftModel
 
-    from stable_models.adapters import adapter_config
-
     write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
     common = ["train", "--model", base, "--train", tmp_path / "groups.jsonl", *FAST, "--template", "qwen3"]
     assert run(*common, "--output", tmp_path / "merged") == 0
@@ -448,8 +446,8 @@ def test_save_adapter_keeps_the_lora_unmerged_and_every_command_takes_the_folder
             [json.loads(x)["score"] for x in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
         )
     assert (scores["adapter"] - scores["merged"]).abs().max() <= 1e-4
-    _, config = adapter_config(folder)  # peft, as a user loads it: the Stable class on the base, then the adapter
-    model = PeftModel.from_pretrained(stable_models.from_pretrained(base, config=config), folder).eval()
+    model = stable_models.from_pretrained(folder, merge=False).eval()  # peft's model on the Stable class, unmerged
+    assert isinstance(model, PeftModel)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     messages = [[{"role": "query", "content": "is it great"}, {"role": "document", "content": d}] for d in documents]
     with torch.no_grad():
@@ -470,4 +468,4 @@ def test_save_adapter_keeps_the_lora_unmerged_and_every_command_takes_the_folder
     assert "is an adapter: merge it first" in capsys.readouterr().err
     argv = ["predict", "--model", folder, "--data", tmp_path / "c.jsonl", "--output", tmp_path / "v.jsonl"]
     assert run(*argv, "--engine", "vllm") == 2
-    assert "--enable-lora" in capsys.readouterr().err
+    assert "LoRA module on its base" in capsys.readouterr().err

@@ -46,9 +46,46 @@ def test_an_option_the_task_does_not_read_is_refused_and_one_it_reads_is_not(com
         refuse_unread(args, task, command)
 
 
-def test_a_value_equal_to_the_default_is_not_given():
+def test_given_means_set_by_the_user_whatever_the_value(tmp_path):
     args = arguments.parse(["predict", "--model", "m", "--data", "d", "--output", "o.jsonl", "--text-key", "text"])
-    assert "text_key" not in args.given and {"model", "data", "output"} <= args.given
+    assert args.given == {"model", "data", "output", "text_key"}  # "text" is its default, and it was given
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"batch-size": 8}))
+    args = arguments.parse(["predict", "--config", str(config), "--model", "m", "--data", "d", "--output", "o"])
+    assert "batch_size" in args.given and "engine" not in args.given
+
+
+def test_a_named_task_refuses_a_stray_flag_before_any_file_is_opened(tmp_path, capsys):
+    """Issue 57: `--task ranking --center-rewards 0.01` on a file whose third line is broken JSON is answered with the
+    flag, not the line; so is a flag given at its default value."""
+    data = tmp_path / "groups.jsonl"
+    good = json.dumps({"query": "q", "pos": ["a"], "neg": ["b"]})
+    data.write_text(f"{good}\n{good}\n{{broken\n")
+    argv = ["train", "--model", tmp_path / "no-model", "--train", data, "--output", tmp_path / "o", "--task", "ranking"]
+    assert cli.main([str(a) for a in argv + ["--center-rewards", "0.01"]]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("--center-rewards is read for reward models in train, not for rerankers: drop it\n"), err
+    argv[-1] = "classification"
+    assert cli.main([str(a) for a in argv + ["--template", "pair"]]) == 2  # "pair" is --template's default
+    assert "--template is read for rerankers in train, not for classifiers" in capsys.readouterr().err
+
+
+def test_task_auto_refuses_a_stray_flag_once_the_columns_name_the_task_before_it_reads_a_row(
+    tmp_path, capsys, monkeypatch
+):
+    from stable_models.cli import ranking
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("Task.read ran before the flag was refused")
+
+    monkeypatch.setattr(ranking.TASK, "read", must_not_run)
+    _, folder = classifier(tmp_path)
+    capsys.readouterr()
+    data = tmp_path / "groups.jsonl"
+    data.write_text(json.dumps({"query": "q", "pos": ["a"], "neg": ["b"]}) + "\n")
+    argv = ["train", "--model", folder, "--train", data, "--output", tmp_path / "o", "--center-rewards", "0.01"]
+    assert cli.main([str(a) for a in argv]) == 2
+    assert "--center-rewards is read for reward models in train, not for rerankers" in capsys.readouterr().err
 
 
 def classifier(tmp_path):

@@ -47,7 +47,7 @@ def candidates(count=12):
     [
         (Regressor(), None),
         (Regressor(leak=True), "left and right padding give logits"),
-        (Regressor(honours=False), "the loss is not an fp32 loss that honours num_items_in_batch"),
+        (Regressor(honours=False), "the loss ignores num_items_in_batch"),
         (Regressor(weight=float("nan")), "non-finite loss, logits or gradients"),
     ],
     ids=["sound", "padding-leak", "ignores-num-items", "nan-weight"],

@@ -7,7 +7,6 @@ then imports what it runs. This package imports the library; the library never i
 import atexit
 import contextlib
 import importlib.util
-import json
 import os
 import sys
 
@@ -54,17 +53,17 @@ def verify(folder: str) -> int:
     verdict = verify_folder(folder)
     for line in verdict.lines():
         print(line)
-    from ..adapters import ADAPTER_CONFIG, is_adapter_folder
+    from ..loading import adapter_base
+    from ..modeling_files import ADAPTER, folder_form
 
-    if is_adapter_folder(folder):
-        with open(os.path.join(folder, ADAPTER_CONFIG)) as handle:
-            base = json.load(handle).get("base_model_name_or_path")
+    if folder_form(folder) == ADAPTER:
         print(
-            f"a peft adapter on {base}: peft applies it to the Stable class built with its stable_config.json "
-            "(stable_models.adapters.load_adapter_folder); vLLM serves it on the base as a LoRA module "
-            "(--enable-lora --lora-modules NAME=FOLDER); the consumers below read the adapted model"
+            f"a peft adapter on {adapter_base(folder)}: stable_models.from_pretrained builds its base with the "
+            "folder's stable_config.json and merges the adapter; the consumers below read that model"
         )
-    if any(os.path.isfile(os.path.join(folder, name)) for name in ("config.json", "stable_config.json")):
+    if any(
+        os.path.isfile(os.path.join(folder, name)) for name in ("config.json", "stable_config.json", "reranker.json")
+    ):
         print("consumers (who scores this folder as stable-models predict does):")
         for line in consumer_lines(folder):
             print(f"  {line}")

@@ -300,13 +300,21 @@ def parse(argv) -> argparse.Namespace:
             raise CliError(f"--config {args.config}: unknown options {unknown}; known: {sorted(known)}")
         sub.set_defaults(**options)
         args = top.parse_args(argv)
-    # the options set on the command line or in --config (a value equal to the parser's default changes nothing)
-    fresh = parser()._subparsers._group_actions[0].choices[args.command]
-    args.given = {a.dest for a in fresh._actions if a.dest != "help" and getattr(args, a.dest, None) != a.default}
+    args.given = given_options(argv, read_options(args.config) if getattr(args, "config", None) else {})
     missing = [name for name in REQUIRED[args.command] if getattr(args, name) in (None, "")]
     if missing:
         raise CliError(f"{args.command} needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
     return args
+
+
+def given_options(argv, config_options: dict) -> set:
+    """The options the user set, on the command line or in --config, whatever their value (one equal to the default
+    is given too): argv parsed again with every default suppressed, so only what argv names lands in the namespace."""
+    top = parser()
+    for sub in top._subparsers._group_actions[0].choices.values():
+        for action in sub._actions:
+            action.default = argparse.SUPPRESS
+    return (set(vars(top.parse_args(argv))) - {"command"}) | set(config_options)
 
 
 def read_options(path) -> dict:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..adapters import adapter_config, is_adapter_folder, save_adapter
+from ..adapters import save_adapter
+from ..modeling_files import ADAPTER, MERGED, folder_form
 from .data import CutCount, read_table
 from .distributed import Job, output_lock, refuse_if_locked
 from .engines import ENGINES, load_classifier, torch_engine
@@ -29,7 +30,7 @@ from .fine_tuning import (
 from .outputs import PredictionWriter, write_evaluation
 from .sharded_scores import gathered_scores, scored_batches
 from .task_steps import TrainingData, length_limit
-from .tasks import for_model, for_training, refuse_unread
+from .tasks import for_model, for_training, refuse_unread, task_named
 
 
 def fast_dtype() -> str:
@@ -50,7 +51,7 @@ def check_model_path(model: str, gguf_file: str | None) -> None:
         raise CliError(f"--model {model} is a GGUF file: pass its folder as --model and the name as --gguf-file")
     if path.exists() and not path.is_dir():
         raise CliError(f"--model {model}: not a checkpoint folder")
-    if path.is_dir() and not (path / "adapter_config.json").is_file():
+    if path.is_dir() and folder_form(path) == MERGED:
         wanted = path / gguf_file if gguf_file else path / "config.json"
         if not wanted.is_file():
             raise CliError(
@@ -67,38 +68,39 @@ def load_tokenizer(model: str, gguf_file=None):
         raise CliError(f"--model {model}: no tokenizer could be loaded ({str(error).splitlines()[0]})") from None
 
 
-def classifier_config(model: str):
-    """The config of a classifier folder saved by `train` (or any Stable / stock classifier folder), checked."""
-    from transformers import AutoConfig
+def model_config(model: str):
+    """The config of a folder `train` saved, of any form (an adapter's stable_config.json), checked; a generative
+    folder is refused with the loader that loads it (stable_models.loading)."""
+    from ..loading import folder_config
 
     check_model_path(model, None)
     if not Path(model).is_dir():
         raise CliError(f"--model {model}: no such folder")
-    if is_adapter_folder(model):  # train --save-adapter: the classifier's config beside the peft adapter
-        try:
-            return adapter_config(model)[1]
-        except (OSError, ValueError, KeyError) as error:
-            raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-    config = json.loads((Path(model) / "config.json").read_text())
-    classes = config.get("architectures") or []
-    if "AutoModelForSequenceClassification" not in (config.get("auto_map") or {}) and not any(
-        name.endswith("ForSequenceClassification") for name in classes
-    ):
-        raise CliError(
-            f"--model {model}: not a classifier ({', '.join(classes) or 'no architectures'}); train one first"
-        )
     try:
-        return AutoConfig.from_pretrained(model)
+        config = folder_config(model)
     except (OSError, ValueError, KeyError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
+    if folder_form(model) == MERGED and not trained_head(config):
+        classes = ", ".join(config.architectures or []) or "no architectures"
+        raise CliError(f"--model {model}: not a classifier ({classes}); train one first")
+    return config
 
 
-def classifier_config_and_tokenizer(model: str):
-    """A classifier folder's config (checked) and tokenizer, without its weights: enough to read, check and render
-    the data, so a bad row stops evaluate and predict before the weights load."""
+def trained_head(config) -> bool:
+    """A folder train saved: a Stable class (auto_map) or a stock classifier, not a base causal LM."""
+    names = config.architectures or []
+    auto_map = getattr(config, "auto_map", None) or {}
+    return "AutoModelForSequenceClassification" in auto_map or any(
+        n.endswith("ForSequenceClassification") for n in names
+    )
+
+
+def config_and_tokenizer(model: str):
+    """A saved folder's config (checked) and tokenizer, without its weights: enough to read, check and render the
+    data, so a bad row stops evaluate and predict before the weights load."""
     from ..tokenization import setup_pad_token
 
-    config, tokenizer = classifier_config(model), load_tokenizer(model)
+    config, tokenizer = model_config(model), load_tokenizer(model)
     if tokenizer.pad_token_id is None:
         setup_pad_token(tokenizer)
     return config, tokenizer
@@ -129,16 +131,10 @@ def preflight(model, tokenizer, candidates, folder) -> list[str]:
         dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in PADDING_SIDES
     )
     found = check_numerics(model, right, labels, [(left, labels)])
-    problem = None
-    if not found.finite:
-        problem = f"non-finite loss, logits or gradients (first at {found.first_non_finite})"
-    elif found.padding_error > found.padding_tolerance(torch.float32):
-        problem = f"left and right padding give logits {found.padding_error:.2e} apart"
-    elif found.loss_dtype != torch.float32 or not found.honours_num_items:
-        problem = "the loss is not an fp32 loss that honours num_items_in_batch"
-    if problem:
+    if problems := found.problems(torch.float32):
         raise SystemExit(
-            f"stable-models: the pre-flight check failed: {problem}. `python -m stable_models doctor --model "
+            f"stable-models: the pre-flight check failed: {next(iter(problems.values()))}. `python -m stable_models "
+            f"doctor --model "
             f"{folder}` gives the full report."
         )
     print(f"[train] pre-flight ok: finite, padding changes logits by {found.padding_error:.1e}", file=sys.stderr)
@@ -173,9 +169,12 @@ def preflight_batch(ids, labels, label_dtype):
 
 
 def read_training_data(args, say=print) -> TrainingData:
-    """--train (and --eval) read and checked by the task that --task names or the columns show."""
+    """--train (and --eval) read and checked by the task that --task names or the columns show; a flag that task does
+    not read is refused once the task is known (with --task auto: from the columns, before the task reads a row)."""
     table = read_table(args.train, args.encoding)
-    return for_training(table, args.task).read(args, table, say)
+    task = for_training(table, args.task)
+    refuse_unread(args, task, "train")
+    return task.read(args, table, say)
 
 
 def loading_options(args, data: TrainingData) -> dict:
@@ -206,16 +205,26 @@ def write_training_outputs(model, tokenizer, output: Path, history: list, final:
     return summary
 
 
-def save_trained(args, task, model, load, tokenizer, output: Path, logs, say) -> dict:
+def save_trained(args, task, model, load, tokenizer, output: Path, logs, say, rows: int) -> dict:
     """The output folder: the merged model (with --save-adapter, the adapter on its base, unmerged), the training log
-    and metrics, and what the task saves beside them; returns the final metrics."""
+    and metrics, what the task saves beside them, and the model card (cards.py); returns the final metrics."""
+    from ..cards import data_record, write_card
+    from ..consumers import folder_table
+
     history, final = logs
     if args.save_adapter:
         save_adapter(model, tokenizer, output, args.gguf_file)
-        return write_training_outputs(None, None, output, history, final)
-    model = merged_model(model, args, load, tokenizer, output / "checkpoints")
-    summary = write_training_outputs(model, tokenizer, output, history, final)
-    task.save_more(args, model, tokenizer, output, say)
+        summary = write_training_outputs(None, None, output, history, final)
+        config, cells = model.get_base_model().config, folder_table(output)
+    else:
+        model = merged_model(model, args, load, tokenizer, output / "checkpoints")
+        summary = write_training_outputs(model, tokenizer, output, history, final)
+        task.save_more(args, model, tokenizer, output, say)
+        config, cells = model.config, None
+    metrics = {k: v for k, v in summary.items() if k in task.summary_keys}
+    record = data_record(args.train, rows)
+    record["evaluated_on"] = Path(args.eval).name if args.eval else f"{record['file']}, held out"
+    write_card(output, config, str(args.model), record, metrics, cells)
     return summary
 
 
@@ -224,9 +233,10 @@ def train(args) -> int:
     import transformers
 
     job, output = Job(), Path(args.output)
+    if args.task not in (None, "auto"):  # a flag the named task does not read: refused before any file is opened
+        refuse_unread(args, task_named(args.task), "train")
     refuse_training_options(args, job, output)
     data = job.main_first(lambda: read_training_data(args, job.say))  # the first reader fills datasets' Arrow cache
-    refuse_unread(args, data.task, "train")
     transformers.set_seed(args.seed)
     dtype = fast_dtype() if args.dtype == "auto" else args.dtype
     load = loading_options(args, data)
@@ -240,11 +250,13 @@ def train(args) -> int:
         logs = fit(args, job, trainer, training, checkpoints)
         with zero3_gathered(trainer.model, training):
             summary = job.on_main(
-                lambda: save_trained(args, data.task, trainer.model, load, tokenizer, output, logs, job.say)
+                lambda: save_trained(
+                    args, data.task, trainer.model, load, tokenizer, output, logs, job.say, len(data.train)
+                )
             )
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
-    say_trained(job, data.task, summary, output)
+    job.on_main(lambda: say_trained(job, data.task, summary, output))
     job.leave()
     return 0
 
@@ -309,22 +321,33 @@ def fit(args, job, trainer, training, checkpoints: Path) -> tuple[list, dict]:
 
 
 def say_trained(job, task, summary: dict, output: Path) -> None:
+    """The closing lines: the metrics, then how to load and serve the folder, from its row of the consumer matrix
+    (the lines `verify` prints)."""
+    from ..consumers import folder_table
+
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
     job.say(f"[train] done: {metrics}")
-    job.say(
-        f"[train] model: {output} (stable_models.from_pretrained(dir), or AutoModelForSequenceClassification "
-        "with trust_remote_code=True)"
-    )
-    job.say(f"[train] next: stable-models evaluate --model {output} --data <test file> --calibrate")
-    job.say(f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling")
+    cells = {cell.consumer: cell for cell in folder_table(output)}
+    load = [cells[name].how for name in ("stable_models", "transformers, trust_remote_code") if cells[name].ok]
+    job.say(f"[train] model: {output} (load: {'; or '.join(load)})")
+    calibrate = " --calibrate" if folder_form(output) == MERGED else ""  # a temperature folds into merged weights
+    job.say(f"[train] next: stable-models evaluate --model {output} --data <test file>{calibrate}")
+    server, offline = cells["vLLM server"], cells["vLLM offline"]
+    if server.ok:
+        job.say(
+            f"[train] serve: python -m vllm.entrypoints.openai.api_server --model {output} --runner pooling; "
+            f"{server.how}"
+        )
+    elif offline.ok:
+        job.say(f"[train] serve (vLLM offline): {offline.how}")
 
 
 def evaluate(args) -> int:
     """The task's report on labelled data: every rank scores its shard, rank 0 gathers, reports and (--calibrate)
     saves the calibrated model in place."""
     job = Job()
-    config, tokenizer = classifier_config_and_tokenizer(args.model)
-    if args.calibrate and is_adapter_folder(args.model):
+    config, tokenizer = config_and_tokenizer(args.model)
+    if args.calibrate and folder_form(args.model) == ADAPTER:
         raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
     task = for_model(config)
     refuse_unread(args, task, "evaluate")
@@ -352,7 +375,7 @@ def predict(args) -> int:
     job.on_main(lambda: check_prediction_file(output, args.overwrite))
     refuse_engine, load_engine = ENGINES[args.engine]
     refuse_engine(args, job)
-    config, tokenizer = classifier_config_and_tokenizer(args.model)
+    config, tokenizer = config_and_tokenizer(args.model)
     task = for_model(config)
     refuse_unread(args, task, "predict")
     table = job.main_first(lambda: read_table(args.data, args.encoding))

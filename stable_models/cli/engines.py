@@ -13,18 +13,16 @@ import importlib.util
 
 import torch
 
-from ..adapters import is_adapter_folder, load_adapter_folder
+from ..loading import from_pretrained
+from ..modeling_files import ADAPTER, folder_form
 from .errors import CliError
 
 
 def load_classifier(model: str, device=None):
     """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU); an adapter folder's base with
     the adapter merged."""
-    from ..registry import from_pretrained
-
-    load = load_adapter_folder if is_adapter_folder(model) else from_pretrained
     try:
-        classifier = load(model, dtype=torch.float32)
+        classifier = from_pretrained(model, dtype=torch.float32)
     except (OSError, ValueError, TypeError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
     return classifier.to(device or "cpu").eval()
@@ -86,9 +84,10 @@ def refuse_torch(args, job) -> None:
 def refuse_vllm(args, job) -> None:
     if job.world > 1:
         raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
-    if is_adapter_folder(args.model):
+    if folder_form(args.model) == ADAPTER:
         raise CliError(
-            f"--engine vllm: {args.model} is an adapter; serve its base with --enable-lora --lora-modules NAME=FOLDER"
+            f"--engine vllm: {args.model} is an adapter: predict it with the torch engine, or in vLLM as a LoRA "
+            "module on its base (stable-models verify FOLDER prints the call: enable_lora=True, LoRARequest)"
         )
 
 

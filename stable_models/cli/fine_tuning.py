@@ -33,7 +33,7 @@ def load_base_model(args, load: dict, dtype: str):
     """The Stable classifier on --model: fp32, or 4-bit base weights with --qlora; a GGUF file dequantized."""
     import transformers
 
-    from ..registry import from_pretrained
+    from ..loading import from_pretrained
 
     quantized = dict(load)
     if args.qlora:
@@ -298,7 +298,7 @@ def merged_model(model, args, load: dict, tokenizer, checkpoints: Path):
     if args.qlora:
         from peft import PeftModel
 
-        from ..registry import from_pretrained
+        from ..loading import from_pretrained
 
         model.save_pretrained(checkpoints / "adapter")
         base = from_pretrained(args.model, **load)

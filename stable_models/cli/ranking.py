@@ -126,7 +126,7 @@ class Ranking(Task):
 
         attach_template(model, tokenizer, trained_template(args))
         for cell in consumer_table(model.config, tokenizer):  # the stock class's pad == eos is the README's story
-            if cell.ok is False and cell.consumer != COLUMNS[1]:
+            if cell.ok is False and cell.consumer != COLUMNS[2]:
                 say(
                     f"[train] warning: {cell.consumer} will not score this reranker as trained: {cell.how}",
                     file=sys.stderr,

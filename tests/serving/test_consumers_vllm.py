@@ -11,7 +11,7 @@ from test_vllm import free_port, post, running
 from vllm import LLM, PoolingParams
 from vllm.distributed import cleanup_dist_env_and_memory
 
-from stable_models.consumers import COLUMNS, folder_table
+from stable_models.consumers import folder_table
 from stable_models.generative import save_generative
 
 TOLERANCE = 1e-4
@@ -85,7 +85,7 @@ def test_vllm_offline_holds_what_the_consumer_table_says_for_every_row(tmp_path)
         folder = tmp_path / str(i)
         build(row, folder / "model")
         expected = predict(folder / "model", row, folder)
-        cell = next(c for c in folder_table(folder / "model") if c.consumer == COLUMNS[4])
+        cell = next(c for c in folder_table(folder / "model") if c.consumer == "vLLM offline")
         assert cell.ok is not None
         results[row.name] = (cell, (offline(folder / "model", row, cell) - expected).abs().max().item())
     wrong = {name: (c.line(), d) for name, (c, d) in results.items() if (d > TOLERANCE if c.ok else d <= 1e-3)}
@@ -121,7 +121,7 @@ def test_the_vllm_server_holds_what_the_consumer_table_says(row, tmp_path):
     """(The pair reranker on /score and /rerank: tests/serving/test_vllm.py.)"""
     build(row, tmp_path / "model")
     expected = predict(tmp_path / "model", row, tmp_path)
-    cell = next(c for c in folder_table(tmp_path / "model") if c.consumer == COLUMNS[5])
+    cell = next(c for c in folder_table(tmp_path / "model") if c.consumer == "vLLM server")
     got = served(tmp_path / "model", row, tmp_path)
     if cell.ok:
         assert (got - expected).abs().max() <= TOLERANCE, (cell.line(), got, expected)
