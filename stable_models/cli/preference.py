@@ -9,6 +9,7 @@ from functools import partial
 import torch
 
 from ..metrics import pairwise_metrics
+from ..modeling_files import REWARD_MODEL, model_kind
 from .data import column_max, require_column
 from .errors import CliError
 from .preference_data import (
@@ -58,7 +59,7 @@ class Preference(Task):
         return is_preference(table)  # `chosen` and `rejected` columns
 
     def owns_model(self, config) -> bool:
-        return config.num_labels == 1 and str((config.id2label or {}).get(0)) == REWARD
+        return model_kind(config) == REWARD_MODEL
 
     # --- train
     def read(self, args, table, say) -> TrainingData:

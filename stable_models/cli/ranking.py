@@ -14,6 +14,7 @@ from itertools import groupby
 import torch
 
 from ..metrics import ranking_metrics
+from ..modeling_files import RERANKER, model_kind
 from .data import check_texts, column_max, require_column
 from .errors import CliError
 from .ranking_data import (
@@ -79,7 +80,7 @@ class Ranking(Task):
         return layout is not None and layout.kind != "pointwise"
 
     def owns_model(self, config) -> bool:
-        return getattr(config, "reranker_template", None) is not None
+        return model_kind(config) == RERANKER
 
     # --- train
     def read(self, args, table, say) -> TrainingData:
