@@ -193,3 +193,16 @@ def test_a_generative_folder_is_refused_in_one_line_naming_its_loader(base, tmp_
     with pytest.raises(ValueError, match=r"generative form.*AutoModelForCausalLM\.from_pretrained") as error:
         stable_models.from_pretrained(folder)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_predict_writes_parquet_with_the_rows_it_writes_as_json_lines(task, base, tmp_path_factory, tmp_path):
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.getbasetemp() / "forms"
+    root.mkdir(exist_ok=True)
+    _, merged, data = trained(base, root, task, "merged")
+    for suffix in ("jsonl", "parquet"):
+        assert run("predict", "--model", merged, "--data", data, "--output", tmp_path / f"p.{suffix}") == 0
+    expected = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert pq.read_table(tmp_path / "p.parquet").to_pylist() == expected

@@ -254,7 +254,7 @@ def predict_options(p) -> None:
     p.add_argument("--data", help="texts to score, same formats as train")
     reading(p)
     data_keys(p)
-    p.add_argument("--output", help="a .jsonl or .csv file (refused when it exists)")
+    p.add_argument("--output", help="a .jsonl, .csv or .parquet file (refused when it exists)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward")
     p.add_argument("--group-key", help=GROUP_KEY_HELP)

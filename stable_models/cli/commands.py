@@ -403,7 +403,7 @@ def predict(args) -> int:
 
 
 def check_prediction_file(output: Path, overwrite: bool) -> None:
-    if output.suffix not in (".jsonl", ".csv"):
-        raise CliError(f"--output {output}: use a .jsonl or .csv file")
+    if output.suffix not in (".jsonl", ".csv", ".parquet"):
+        raise CliError(f"--output {output}: use a .jsonl, .csv or .parquet file")
     if output.exists() and not overwrite:
         raise CliError(f"--output {output} exists; pass --overwrite or another file")

@@ -1,9 +1,10 @@
-"""What the commands write: predict's rows (streamed, every task, .jsonl or .csv, optionally ranked within groups),
-the end of an evaluation (report.json, plots, the printed report), and a model saved in place after --calibrate.
-Nothing is left half-written: files are completed aside and moved into place.
+"""What the commands write: predict's rows (streamed, every task, .jsonl, .csv or .parquet, optionally ranked within
+groups), the end of an evaluation (report.json, plots, the printed report), and a model saved in place after
+--calibrate. Nothing is left half-written: files are completed aside and moved into place.
 """
 
 import bisect
+import contextlib
 import csv
 import json
 import os
@@ -46,8 +47,7 @@ class PredictionWriter:
         joined = self.output.with_name(f"{self.output.name}.part")
         try:
             ranks = self.group_scores(parts) if self.ranked_by else None
-            with open(joined, "w", newline="", encoding="utf-8") as handle:
-                write_row = row_writer(handle, self.output.suffix, self.columns, self.csv_prefixes)
+            with row_sink(joined, self.output.suffix, self.columns, self.csv_prefixes) as write_row:
                 for row in rows_of(parts):
                     if ranks is not None:
                         group, field = self.ranked_by
@@ -79,6 +79,44 @@ def rows_of(parts):
         with open(part, encoding="utf-8") as handle:
             for line in handle:
                 yield json.loads(line)
+
+
+@contextlib.contextmanager
+def row_sink(path: Path, suffix: str, columns: list[str], prefixes: dict):
+    """A function writing one row into `path` in --output's format (JSON lines, CSV, or Parquet: row groups of
+    PARQUET_ROWS, a dict-valued field as a struct column, the schema from the first rows), closed on leaving."""
+    if suffix != ".parquet":
+        with open(path, "w", newline="", encoding="utf-8") as handle:
+            yield row_writer(handle, suffix, columns, prefixes)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pending, writer = [], None
+
+    def flush():
+        nonlocal writer
+        if not pending and writer is not None:
+            return
+        table = pa.Table.from_pylist(pending, schema=writer.schema if writer else None)
+        writer = writer or pq.ParquetWriter(path, table.schema)
+        writer.write_table(table)
+        pending.clear()
+
+    def write(row):
+        pending.append(row)
+        if len(pending) >= PARQUET_ROWS:
+            flush()
+
+    try:
+        yield write
+        flush()
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+PARQUET_ROWS = 10_000  # a row group: memory stays flat in the file's rows
 
 
 def row_writer(handle, suffix: str, columns: list[str], prefixes: dict):
