@@ -308,7 +308,7 @@ def test_a_reward_model_trains_and_evaluates_on_two_processes_like_one(tmp_path)
     assert two["accuracy"] == one["accuracy"] and two["margin_mean"] == pytest.approx(one["margin_mean"], abs=1e-6)
 
 
-@EXHAUSTIVE  # three torchrun jobs: the default run keeps the classifier's and the reward model's
+@EXHAUSTIVE  # three torchrun jobs: the default run keeps one multi-process case per mechanism (test_ddp.py)
 def test_a_reranker_trains_evaluates_and_predicts_on_two_processes_like_one(tmp_path):
     """Query groups of 3 to 5 documents under torchrun: each micro-batch holds whole groups, the loss divides by the
     groups of all processes, so the history equals one process with the doubled batch; evaluate and predict equal a

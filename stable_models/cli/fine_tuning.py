@@ -266,8 +266,8 @@ def best_evaluation(trainer) -> dict:
 
 
 def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
-    """The task's Trainer (StableTrainer, PairwiseTrainer) with its collator (packing; padding for recurrent models or
-    --no-packing), its metrics, StopOnNonFinite and early stopping."""
+    """The task's Trainer (StableTrainer, PairwiseTrainer, RankingTrainer) with its collator (packing; padding for
+    recurrent models or --no-packing), its metrics, StopOnNonFinite and early stopping."""
     from transformers import EarlyStoppingCallback
 
     from ..guards import StopOnNonFinite

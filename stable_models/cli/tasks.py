@@ -34,7 +34,7 @@ def for_model(config) -> Task:
 
 
 # the options every task reads (or the command itself), per command: with the tasks' `reads`, every option of the
-# parsers (tests/test_cli.py checks that none is in neither)
+# parsers (tests/test_task_options.py checks that none is in neither)
 COMMON_OPTIONS = {
     "train": {
         "config", "model", "gguf_file", "train", "encoding", "verbose", "eval", "eval_fraction", "output", "overwrite",
