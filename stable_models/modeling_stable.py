@@ -199,75 +199,10 @@ class StableSequenceClassificationMixin:
         num_items_in_batch=None,
         **kwargs: Unpack[TransformersKwargs],  # as the stock forward: tools read output_attentions & co. from it
     ):
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
-        # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
-        # data-dependent checks and shortcuts would break the graph or be frozen into it as constants: skip them
-        tracing = torch.jit.is_tracing()
-        compiling = torch.compiler.is_compiling() or tracing
-        if (tracing or getattr(torch.compiler, "is_exporting", bool)()) and (
-            position_ids is not None or "packed_example_index" in kwargs
-        ):
-            raise ValueError(
-                f"{type(self).__name__}: export or trace with input_ids and attention_mask only. An exported graph "
-                "cannot tell a packed batch (position_ids restarting per example) from a padded one, so it would pool "
-                "one example per row; the Stable forward derives the positions of a padded batch from the mask."
-            )
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        past_length = 0 if cache is None else cache.get_seq_length()
-        if not compiling:
-            check_call(self, input_ids, attention_mask, inputs_embeds, labels, past_length)
-        tokens = input_ids if input_ids is not None else inputs_embeds
-        query_length = tokens.shape[1]
-
-        example_index = kwargs.pop("packed_example_index", None)
         label_weight_total = kwargs.pop("label_weight_total", None)  # StableTrainer: class weights of the whole batch
-        padding_mask = None if attention_mask is None else attention_mask != 0
-        example_ids = None
-        if position_ids is not None and cache is None:  # under torch.compile: a graph break, exact results
-            packed = packed_batch(self, position_ids, padding_mask)
-            if packed is not None:
-                example_ids, position_ids, attention_mask = packed
-                padding_mask = None
-        if padding_mask is not None and cache is None and not compiling and padding_mask.all():
-            padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
-        backbone_mask = attention_mask  # the backbone builds the masks each layer needs; the guard fixes them
-        if padding_mask is not None:
-            left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
-            if position_ids is None and left_padded:  # right padding alone leaves the default 0, 1, 2, ... right
-                position_ids = position_ids_from_mask(padding_mask, query_length)
-
-        if not compiling:
-            warn_if_longer_than_positions(self, query_length + past_length, position_ids, padding_mask)
-
-        self._mask_guard.cache.clear()
-        self._mask_guard.past_length = past_length
-        try:
-            outputs = getattr(self, self.base_model_prefix)(
-                input_ids=input_ids,
-                attention_mask=backbone_mask,
-                position_ids=position_ids,
-                inputs_embeds=inputs_embeds,
-                use_cache=bool(use_cache),
-                **kwargs,
-            )
-        finally:
-            self._mask_guard.cache.clear()
-            self._mask_guard.past_length = 0
-        query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
-        if example_ids is not None:
-            pooled = pool_packed(outputs.last_hidden_state, example_ids, self.config.classifier_pooling)
-        else:
-            pooled = pool(outputs.last_hidden_state, query_mask, self.config.classifier_pooling)
-        if example_index is not None:  # back to the order of the features (rows of one example each: the same)
-            pooled = in_feature_order(pooled, example_index)
-        if outputs.last_hidden_state.dtype == torch.float16 and not compiling:
-            if not torch.isfinite(pooled).all():
-                raise ValueError(
-                    f"{type(self).__name__} overflowed in float16: an activation exceeded 65504 (Gemma, Qwen and other "
-                    "recent models have activations above it). Load the model with dtype=torch.bfloat16 (same range "
-                    "as fp32) or torch.float32; train with bf16=True instead of fp16=True."
-                )
+        pooled, outputs = pooled_states(
+            self, input_ids, attention_mask, position_ids, inputs_embeds, labels, use_cache, kwargs
+        )
         logits = self.score(pooled)
 
         loss = None
@@ -282,6 +217,85 @@ class StableSequenceClassificationMixin:
             attentions=outputs.attentions,
             **{name: value for name, value in outputs.items() if name in ("cache", "past_key_values")},
         )
+
+
+def pooled_states(model, input_ids, attention_mask, position_ids, inputs_embeds, labels, use_cache, kwargs):
+    """(the pooled hidden state of each example, the backbone's outputs): the call checked, packed or padded rows
+    prepared, the backbone run under the mask guard, and pooling by the mask (fp32)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+    # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
+    # data-dependent checks and shortcuts would break the graph or be frozen into it as constants: skip them
+    tracing = torch.jit.is_tracing()
+    compiling = torch.compiler.is_compiling() or tracing
+    if (tracing or getattr(torch.compiler, "is_exporting", bool)()) and (
+        position_ids is not None or "packed_example_index" in kwargs
+    ):
+        raise ValueError(
+            f"{type(model).__name__}: export or trace with input_ids and attention_mask only. An exported graph "
+            "cannot tell a packed batch (position_ids restarting per example) from a padded one, so it would pool "
+            "one example per row; the Stable forward derives the positions of a padded batch from the mask."
+        )
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    past_length = 0 if cache is None else cache.get_seq_length()
+    if not compiling:
+        check_call(model, input_ids, attention_mask, inputs_embeds, labels, past_length)
+    query_length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+    example_index = kwargs.pop("packed_example_index", None)
+    example_ids, position_ids, backbone_mask, padding_mask = prepared_rows(
+        model, attention_mask, position_ids, cache, compiling, query_length
+    )
+    if not compiling:
+        warn_if_longer_than_positions(model, query_length + past_length, position_ids, padding_mask)
+
+    model._mask_guard.cache.clear()
+    model._mask_guard.past_length = past_length
+    try:
+        outputs = getattr(model, model.base_model_prefix)(
+            input_ids=input_ids,
+            attention_mask=backbone_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            use_cache=bool(use_cache),
+            **kwargs,
+        )
+    finally:
+        model._mask_guard.cache.clear()
+        model._mask_guard.past_length = 0
+    query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
+    if example_ids is not None:
+        pooled = pool_packed(outputs.last_hidden_state, example_ids, model.config.classifier_pooling)
+    else:
+        pooled = pool(outputs.last_hidden_state, query_mask, model.config.classifier_pooling)
+    if example_index is not None:  # back to the order of the features (rows of one example each: the same)
+        pooled = in_feature_order(pooled, example_index)
+    if outputs.last_hidden_state.dtype == torch.float16 and not compiling and not torch.isfinite(pooled).all():
+        raise ValueError(
+            f"{type(model).__name__} overflowed in float16: an activation exceeded 65504 (Gemma, Qwen and other "
+            "recent models have activations above it). Load the model with dtype=torch.bfloat16 (same range "
+            "as fp32) or torch.float32; train with bf16=True instead of fp16=True."
+        )
+    return pooled, outputs
+
+
+def prepared_rows(model, attention_mask, position_ids, cache, compiling, query_length):
+    """(packed example ids or None, position ids, the mask the backbone gets, the padding mask or None): packed rows
+    become examples with no mask; an unpadded batch takes the plain causal path; left padding gets positions from the
+    mask (right padding alone leaves the default 0, 1, 2, ... right)."""
+    padding_mask = None if attention_mask is None else attention_mask != 0
+    example_ids = None
+    if position_ids is not None and cache is None:  # under torch.compile: a graph break, exact results
+        packed = packed_batch(model, position_ids, padding_mask)
+        if packed is not None:
+            example_ids, position_ids, attention_mask = packed
+            padding_mask = None
+    if padding_mask is not None and cache is None and not compiling and padding_mask.all():
+        padding_mask = None  # nothing is padded: the plain causal path is exact and fastest
+    if padding_mask is not None:  # the backbone builds the masks each layer needs from it; the guard fixes them
+        left_padded = compiling or cache is not None or not padding_mask[:, 0].all()
+        if position_ids is None and left_padded:
+            position_ids = position_ids_from_mask(padding_mask, query_length)
+    return example_ids, position_ids, attention_mask, padding_mask
 
 
 def check_call(model, input_ids, attention_mask, inputs_embeds, labels, past_length) -> None:
