@@ -1,8 +1,8 @@
-"""The README's train / evaluate / predict commands of the three tasks, run on the tests' tiny fixtures, with every
-output in one listing: stdout, stderr (without progress bars and timings) and each written file (JSON as it is, less
-runtimes; other files by SHA-256). Two listings show whether a change moved any output: a refactor must leave them
-equal. `compare` leaves out what a new version changes by itself: the code files a saved folder carries, and the
-version and code hashes in its config.json.
+"""The documented (README and docs/) train / evaluate / predict commands of the three tasks, run on the tests' tiny
+fixtures, with every output in one listing: stdout, stderr (without progress bars and timings) and each written file
+(JSON as it is, less runtimes; other files by SHA-256). Two listings show whether a change moved any output: a
+refactor must leave them equal. `compare` leaves out what a new version changes by itself: the code files a saved
+folder carries, and the version and code hashes in its config.json.
 
     .venv/bin/python scripts/readme_outputs.py run TREE OUT      # TREE: a checkout (a git worktree of a commit)
     .venv/bin/python scripts/readme_outputs.py compare OUT_A OUT_B
@@ -56,11 +56,12 @@ def run(tree: Path, out: Path) -> None:
     from stable_models import cli
 
     transformers.logging.set_verbosity_error()
-    readme = (tree / "README.md").read_text()
     listing = {}
+    pages = [tree / "README.md", *sorted((tree / "docs").rglob("*.md"))]  # as tests/documented.py reads them
+    documented = [b for page in pages for b in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)]
 
     def commands(marker):
-        block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if marker in b)
+        block = next(b for b in documented if marker in b)
         return [line for line in block.splitlines() if line.startswith("stable-models ")]
 
     def record(task, folder, marker, base, extra=()):

@@ -430,9 +430,9 @@ def test_console_script_and_module_entry_point(tmp_path):
 
 
 def test_the_readme_commands_run_as_written(base, tmp_path, monkeypatch):
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "stable-models train" in b)
-    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    from documented import commands
+
+    lines = commands("stable-models train")
     assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
     monkeypatch.chdir(tmp_path)
     table = pandas.DataFrame(rows("string"))

@@ -4,12 +4,10 @@ loss history and the outputs of one process, DeepSpeed ZeRO-3 saving a whole mod
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -46,9 +44,10 @@ def train_losses(folder):
 
 
 def readme_torchrun_lines() -> list[list[str]]:
-    """The README's torchrun commands (train, predict), as argument lists after `-m stable_models`."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "torchrun" in b)
+    """The documented torchrun commands (train, predict: docs/scale.md), as argument lists after `-m stable_models`."""
+    from documented import blocks
+
+    block = next(b for b in blocks("bash") if "torchrun" in b)
     lines = [shlex.split(line) for line in block.splitlines() if line.startswith("torchrun ")]
     assert [line[:5] for line in lines] == [["torchrun", "--nproc_per_node", "2", "-m", "stable_models"]] * 2
     return [line[5:] for line in lines]

@@ -260,13 +260,11 @@ def test_a_long_input_is_cut_in_the_document_only():
 
 
 def test_the_readme_reranker_commands_run_as_written(base, tmp_path, monkeypatch):
-    import re
     import shlex
-    from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "--top-k" in b)
-    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    from documented import commands
+
+    lines = commands("--top-k")
     assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))

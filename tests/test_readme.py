@@ -6,19 +6,17 @@ saved folder), and every Trainer it builds trains one step.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from architectures import BY_NAME, VOCAB, collate_left, cpu_training_args, make_config, toy_dataset
+from documented import blocks
 from tiny_tokenizers import llama_pad_is_eos, qwen2_like
 
 import stable_models
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the README first: its first block is the program
-BLOCKS = [block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
+BLOCKS = blocks("python")  # the README first: its first block is the program
 
 
 def causal_lm_folder(folder, arch_name, tokenizer):

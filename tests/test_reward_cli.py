@@ -413,13 +413,11 @@ def test_the_command_trains_as_trls_reward_trainer_and_the_stock_class_reads_the
 
 
 def test_the_readme_reward_commands_run_as_written(base, tmp_path, monkeypatch):
-    import re
     import shlex
-    from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "--group-key" in b)
-    lines = [line for line in block.splitlines() if line.startswith("stable-models ")]
+    from documented import commands
+
+    lines = commands("--group-key")
     assert [line.split()[1] for line in lines] == ["train", "evaluate", "predict"]
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "pairs.jsonl", pairs("conversational-implicit", 24))
