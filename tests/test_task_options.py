@@ -145,6 +145,13 @@ def test_no_task_step_asks_which_command_runs_and_scoring_inputs_are_typed(task_
     task = task_named(task_name)
     for name, step in inspect.getmembers(task, inspect.ismethod):
         assert "command" not in inspect.signature(step).parameters, f"{task_name}.{name} takes the command's name"
+        if name != "options":  # the one step that parses the command line; every other gets its typed options
+            assert "args" not in inspect.signature(step).parameters, f"{task_name}.{name} reads the command line again"
+    assert dataclasses.is_dataclass(task.Options) and task.Options.__dataclass_params__.frozen
+    parsed = task.options(arguments.parse(["predict", "--model", "m", "--data", "d", "--output", "o.jsonl"]))
+    assert isinstance(parsed, task.Options) and parsed.data == "d"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.data = "e"
     for step in (task.evaluation_input, task.prediction_input):
         returned = typing.get_type_hints(step)["return"]
         kinds = typing.get_args(returned) or (returned,)

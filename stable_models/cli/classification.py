@@ -22,7 +22,17 @@ from .classification_data import (
 )
 from .data import check_texts, column_max
 from .errors import CliError
-from .task_steps import ModelInputs, Task, TrainingData, float_metrics, held_out, keep_trained_length
+from .task_steps import (
+    Evaluation,
+    ModelInputs,
+    Options,
+    Task,
+    TrainingData,
+    float_metrics,
+    held_out,
+    keep_trained_length,
+    read_in,
+)
 
 SINGLE, MULTI, REGRESSION = "single_label_classification", "multi_label_classification", "regression"
 # what each problem type refuses among the options classification reads
@@ -44,24 +54,30 @@ class Texts:
     thresholds: list | None  # multi-label: per-label decision thresholds (--calibrate fits them), else 0.5
 
     @classmethod
-    def of(cls, args, config) -> "Texts":
+    def of(cls, options, config) -> "Texts":
         names = [config.id2label[i] for i in range(config.num_labels)]
         thresholds = getattr(config, "multi_label_thresholds", None)
-        return cls(args.text_key, args.text_pair_key, config.problem_type or SINGLE, names, thresholds)
+        return cls(options.text_key, options.text_pair_key, config.problem_type or SINGLE, names, thresholds)
 
     @property
     def label2id(self) -> dict:
         return {n: i for i, n in enumerate(self.names)}
 
 
+@dataclass(frozen=True)
+class ClassificationOptions(Options):
+    text_key: str | None = read_in("train", "evaluate", "predict")
+    text_pair_key: str | None = read_in("train", "evaluate", "predict")
+    label_key: str | None = read_in("train", "evaluate")
+    class_weights: str | None = read_in("train")
+    label_smoothing: float | None = read_in("train")
+    pos_weight: str | None = read_in("train")
+
+
 class Classification(Task):
     name = "classification"
     kind = "classifiers"
-    reads = {
-        "train": {"text_key", "text_pair_key", "label_key", "class_weights", "label_smoothing", "pos_weight"},
-        "evaluate": {"text_key", "text_pair_key", "label_key"},
-        "predict": {"text_key", "text_pair_key"},
-    }
+    Options = ClassificationOptions
     summary_keys = ("accuracy", "f1_macro", "mse", "loss", "ece")
 
     def claims(self, table) -> bool:
@@ -71,53 +87,53 @@ class Classification(Task):
         return True  # any classifier the tasks before it do not own
 
     # --- train
-    def read(self, args, table, say) -> TrainingData:
+    def read(self, options, table, say) -> TrainingData:
         """--train (and --eval, or a held-out --eval-fraction of --train), checked: one label kind, at least two
         classes, every eval label known."""
-        problem_type = checked_problem_type(table, args, args.train)
+        problem_type = checked_problem_type(table, options, options.train)
 
         def read_eval(eval_table):
-            found = checked_problem_type(eval_table, args, args.eval)
+            found = checked_problem_type(eval_table, options, options.eval)
             if found != problem_type:
                 raise CliError(f"the eval labels are {found}, the training labels {problem_type}; make them one kind")
             return eval_table, found
 
-        table, eval_table, _ = held_out(args, table, read_eval)
-        names = label_names(table, args.label_key, problem_type) if problem_type != REGRESSION else ["score"]
+        table, eval_table, _ = held_out(options, table, read_eval)
+        names = label_names(table, options.label_key, problem_type) if problem_type != REGRESSION else ["score"]
         if problem_type == SINGLE and len(names) < 2:
-            raise CliError(f"{args.train}: only one label ({names[0]!r}); a classifier needs at least two")
-        data = TrainingData(self, table, eval_table, problem_type, names)
+            raise CliError(f"{options.train}: only one label ({names[0]!r}); a classifier needs at least two")
+        data = TrainingData(self, table, eval_table, problem_type, names, options)
         check_known_labels(
             eval_table,
-            args.label_key,
+            options.label_key,
             problem_type,
             data.label2id,
-            args.eval or f"{args.train} (the rows held out for eval)",
+            options.eval or f"{options.train} (the rows held out for eval)",
         )
         return data
 
     def best_metric(self, data):
         return ("mse", False) if data.problem_type == REGRESSION else ("f1_macro", True)
 
-    def model_options(self, args, data: TrainingData) -> dict:
-        options = super().model_options(args, data)
+    def model_options(self, options, data: TrainingData) -> dict:
+        head = super().model_options(options, data)
         for name, (refusal, problem_types) in PROBLEM_OPTIONS.items():
-            if getattr(args, name) and data.problem_type not in problem_types:
+            if getattr(options, name) and data.problem_type not in problem_types:
                 raise CliError(refusal)
-        if args.class_weights:
-            options["class_weights"] = class_weights(args.class_weights, data, args.label_key)
-        if args.label_smoothing:
-            options["label_smoothing"] = args.label_smoothing
-        if args.pos_weight:
-            options["pos_weight"] = parse_weights(args.pos_weight, "--pos-weight", len(data.names))
-        return options
+        if options.class_weights:
+            head["class_weights"] = class_weights(options.class_weights, data, options.label_key)
+        if options.label_smoothing:
+            head["label_smoothing"] = options.label_smoothing
+        if options.pos_weight:
+            head["pos_weight"] = parse_weights(options.pos_weight, "--pos-weight", len(data.names))
+        return head
 
-    def tokenize(self, args, tokenizer, limit, data: TrainingData, say) -> tuple:
+    def tokenize(self, options, tokenizer, limit, data: TrainingData, say) -> tuple:
         """(train, eval) tables of token ids, lengths and labels, truncated to `limit` (a cached `map`); the tokenizer
         remembers the longest, so evaluate and predict truncate where training did."""
-        train_set = encoded(data.train, tokenizer, args, data.problem_type, data.label2id, limit)
-        eval_set = encoded(data.eval, tokenizer, args, data.problem_type, data.label2id, limit)
-        for table, path in ((train_set, args.train), (eval_set, args.eval or args.train)):
+        train_set = encoded(data.train, tokenizer, options, data.problem_type, data.label2id, limit)
+        eval_set = encoded(data.eval, tokenizer, options, data.problem_type, data.label2id, limit)
+        for table, path in ((train_set, options.train), (eval_set, options.eval or options.train)):
             warning = cut_rows(table, path, min(limit, tokenizer.model_max_length))
             if warning:
                 say(warning, file=sys.stderr)
@@ -149,26 +165,26 @@ class Classification(Task):
     # --- evaluate and predict
     csv_prefixes = {"probabilities": "p_"}  # one CSV column per label: p_<label>
 
-    def check_evaluate(self, args, config) -> None:
-        if args.calibrate and (config.problem_type or SINGLE) == REGRESSION:
+    def check_evaluate(self, options, config) -> None:
+        if options.calibrate and (config.problem_type or SINGLE) == REGRESSION:
             raise CliError("--calibrate applies to classification; this model is a regression")
 
-    def evaluation_input(self, args, table, config, tokenizer, say) -> Texts:
-        texts = Texts.of(args, config)
-        found = checked_problem_type(table, args, args.data)
+    def evaluation_input(self, options, table, config, tokenizer, say) -> Texts:
+        texts = Texts.of(options, config)
+        found = checked_problem_type(table, options, options.data)
         if found != texts.problem_type:
-            raise CliError(f"{args.data}: labels are {found}, the model is {texts.problem_type}")
-        check_known_labels(table, args.label_key, texts.problem_type, texts.label2id, args.data)
+            raise CliError(f"{options.data}: labels are {found}, the model is {texts.problem_type}")
+        check_known_labels(table, options.label_key, texts.problem_type, texts.label2id, options.data)
         return texts
 
-    def prediction_input(self, args, table, config, tokenizer, say) -> Texts:
-        check_texts(table, args.data, args.text_key, args.text_pair_key)
-        return Texts.of(args, config)
+    def prediction_input(self, options, table, config, tokenizer, say) -> Texts:
+        check_texts(table, options.data, options.text_key, options.text_pair_key)
+        return Texts.of(options, config)
 
-    def scored_columns(self, scoring: Texts, args) -> list[str]:
+    def scored_columns(self, scoring: Texts, options) -> list[str]:
         return [scoring.text_key] + ([scoring.pair_key] if scoring.pair_key else [])
 
-    def render(self, scoring: Texts, tokenizer, args, cuts):
+    def render(self, scoring: Texts, tokenizer, options, cuts):
         def render(batch):
             texts, pairs = texts_of(batch, scoring.text_key, scoring.pair_key)
             ids, cut_from = tokenize_cutting(tokenizer, texts, pairs)
@@ -177,21 +193,21 @@ class Classification(Task):
 
         return render
 
-    def evaluation(self, args, model, table, scoring: Texts, scores) -> dict:
+    def evaluation(self, options, model, table, scoring: Texts, scores) -> Evaluation:
         """The metrics and, with --calibrate, the temperature (and multi-label thresholds) folded into the model."""
         from ..calibration import calibrate_logits
         from .plots import plot_classification
 
         problem_type, names = scoring.problem_type, scoring.names
         logits = scores[:, 0]
-        targets = encode_labels(table[args.label_key], problem_type, scoring.label2id, args.data)
+        targets = encode_labels(table[options.label_key], problem_type, scoring.label2id, options.data)
         report = {
             "task": self.name,
             "problem_type": problem_type,
             "labels": names,
             **classification_metrics(logits, targets, problem_type, names, scoring.thresholds),
         }
-        if args.calibrate:
+        if options.calibrate:
             report["calibration"], logits = calibrate_logits(model, logits, targets, problem_type)
             report.update(
                 classification_metrics(
@@ -199,15 +215,15 @@ class Classification(Task):
                 )
             )
         draw = partial(plot_classification, report, problem_type, names, logits, targets)
-        return {"report": report, "draw": draw, "text": report_text, "fitted": "temperature"}
+        return Evaluation(report, draw, report_text, "temperature")
 
-    def prediction_columns(self, scoring: Texts, config, args) -> list[str]:
+    def prediction_columns(self, scoring: Texts, config, options) -> list[str]:
         if scoring.problem_type == REGRESSION:
             return ["text", "score"]
         columns = ["text", "labels"] if scoring.problem_type == MULTI else ["text", "label", "score"]
         return columns + [f"p_{n}" for n in scoring.names]
 
-    def prediction_rows(self, batch, scores, scoring: Texts, config, args) -> list[dict]:
+    def prediction_rows(self, batch, scores, scoring: Texts, config, options) -> list[dict]:
         """The label and its probability, every label over its threshold, or the score."""
         problem_type, names = scoring.problem_type, scoring.names
         thresholds = scoring.thresholds or [0.5] * len(names)

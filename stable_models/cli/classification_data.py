@@ -94,10 +94,10 @@ def refuse_label_kinds(labels, key, path) -> str:
     raise CliError(f"{path}: label {key!r} holds {kind} values; use strings, integers, lists of them, or floats")
 
 
-def checked_problem_type(table, args, path) -> str:
+def checked_problem_type(table, options, path) -> str:
     """The problem type of a labelled table, checked once: every text there, one label kind, no missing label."""
-    check_texts(table, path, args.text_key, args.text_pair_key)
-    return label_problem_type(table, args.label_key, path)
+    check_texts(table, path, options.text_key, options.text_pair_key)
+    return label_problem_type(table, options.label_key, path)
 
 
 def label_values(table, key, problem_type) -> set:
@@ -184,16 +184,16 @@ def cut_rows(table, path, flag_limit: int) -> str | None:
     return cut_warning("train", path, count, longest, flag_limit, advice)
 
 
-def encoded(table, tokenizer, args, problem_type, label2id, max_length):
+def encoded(table, tokenizer, options, problem_type, label2id, max_length):
     """The table as `input_ids`, `length` and `labels` columns (and `cut_from`, for train's warning)."""
     return cached_map(
         table,
         encode_batch,
         "tokenizing",
         tokenizer=tokenizer,
-        text_key=args.text_key,
-        pair_key=args.text_pair_key,
-        label_key=args.label_key,
+        text_key=options.text_key,
+        pair_key=options.text_pair_key,
+        label_key=options.label_key,
         problem_type=problem_type,
         label2id=label2id,
         max_length=max_length,

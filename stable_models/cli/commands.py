@@ -174,14 +174,14 @@ def read_training_data(args, say=print) -> TrainingData:
     table = read_table(args.train, args.encoding)
     task = for_training(table, args.task)
     refuse_unread(args, task, "train")
-    return task.read(args, table, say)
+    return task.read(task.options(args), table, say)
 
 
 def loading_options(args, data: TrainingData) -> dict:
     """`from_pretrained` arguments: the task's head and loss options, pooling, fp32 master weights, --gguf-file,
     --attn-implementation."""
     load = dict(
-        **data.task.model_options(args, data),
+        **data.task.model_options(data.options, data),
         pooling=args.pooling,
         dtype=torch.float32,
         ignore_mismatched_sizes=True,
@@ -205,7 +205,7 @@ def write_training_outputs(model, tokenizer, output: Path, history: list, final:
     return summary
 
 
-def save_trained(args, task, model, load, tokenizer, output: Path, logs, say, rows: int) -> dict:
+def save_trained(args, data: TrainingData, model, load, tokenizer, output: Path, logs, say) -> dict:
     """The output folder: the merged model (with --save-adapter, the adapter on its base, unmerged), the training log
     and metrics, what the task saves beside them, and the model card (cards.py); returns the final metrics."""
     from ..cards import data_record, write_card
@@ -219,10 +219,10 @@ def save_trained(args, task, model, load, tokenizer, output: Path, logs, say, ro
     else:
         model = merged_model(model, args, load, tokenizer, output / "checkpoints")
         summary = write_training_outputs(model, tokenizer, output, history, final)
-        task.save_more(args, model, tokenizer, output, say)
+        data.task.save_more(data.options, model, tokenizer, output, say)
         config, cells = model.config, None
-    metrics = {k: v for k, v in summary.items() if k in task.summary_keys}
-    record = data_record(args.train, rows)
+    metrics = {k: v for k, v in summary.items() if k in data.task.summary_keys}
+    record = data_record(args.train, len(data.train))
     record["evaluated_on"] = Path(args.eval).name if args.eval else f"{record['file']}, held out"
     write_card(output, config, str(args.model), record, metrics, cells)
     return summary
@@ -250,9 +250,7 @@ def train(args) -> int:
         logs = fit(args, job, trainer, training, checkpoints)
         with zero3_gathered(trainer.model, training):
             summary = job.on_main(
-                lambda: save_trained(
-                    args, data.task, trainer.model, load, tokenizer, output, logs, job.say, len(data.train)
-                )
+                lambda: save_trained(args, data, trainer.model, load, tokenizer, output, logs, job.say)
             )
         if not args.keep_checkpoints:  # a finished run's folder is the model; a killed run keeps them for --resume
             job.on_main(lambda: shutil.rmtree(checkpoints, ignore_errors=True))
@@ -282,10 +280,10 @@ def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, toke
     )
     model = load_base_model(args, load, dtype)
     setup_pad_token(tokenizer, model)
-    task.prepare(args, data, tokenizer, job.say)
-    task.prepare_model(args, model, tokenizer, job.say)
+    task.prepare(data.options, data, tokenizer, job.say)
+    task.prepare_model(data.options, model, tokenizer, job.say)
     limit = length_limit(args, model)
-    train_set, eval_set = job.main_first(lambda: task.tokenize(args, tokenizer, limit, data, job.say))
+    train_set, eval_set = job.main_first(lambda: task.tokenize(data.options, tokenizer, limit, data, job.say))
     job.say(
         f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
         f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
@@ -303,7 +301,8 @@ def run_preflight(args, job, model, tokenizer, data: TrainingData, tables, train
     else:
         unused = job.on_main(lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model))
         training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
-    cadence = evaluation_cadence(args, training, task.training_set(args, train_set), eval_set, task.token_columns)
+    drawn = task.training_set(data.options, train_set)  # what the Trainer draws from
+    cadence = evaluation_cadence(args, training, drawn, eval_set, task.token_columns)
     job.say(f"[train] {cadence}", file=sys.stderr)
 
 
@@ -320,6 +319,9 @@ def fit(args, job, trainer, training, checkpoints: Path) -> tuple[list, dict]:
     return list(trainer.state.log_history), final
 
 
+LOADERS = ("stable_models", "transformers, trust_remote_code")  # the consumer matrix's columns that load a folder
+
+
 def say_trained(job, task, summary: dict, output: Path) -> None:
     """The closing lines: the metrics, then how to load and serve the folder, from its row of the consumer matrix
     (the lines `verify` prints)."""
@@ -328,8 +330,9 @@ def say_trained(job, task, summary: dict, output: Path) -> None:
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
     job.say(f"[train] done: {metrics}")
     cells = {cell.consumer: cell for cell in folder_table(output)}
-    load = [cells[name].how for name in ("stable_models", "transformers, trust_remote_code") if cells[name].ok]
-    job.say(f"[train] model: {output} (load: {'; or '.join(load)})")
+    # each loader's call, without the cell's notes on rendering inputs (verify prints those)
+    load = [cells[name].how.split(";")[0] for name in LOADERS if cells[name].ok]
+    job.say(f"[train] model: {output} ({' or '.join(load)})")
     calibrate = " --calibrate" if folder_form(output) == MERGED else ""  # a temperature folds into merged weights
     job.say(f"[train] next: stable-models evaluate --model {output} --data <test file>{calibrate}")
     server, offline = cells["vLLM server"], cells["vLLM offline"]
@@ -351,17 +354,18 @@ def evaluate(args) -> int:
         raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
     task = for_model(config)
     refuse_unread(args, task, "evaluate")
-    task.check_evaluate(args, config)
+    options = task.options(args)
+    task.check_evaluate(options, config)
     table = job.main_first(lambda: read_table(args.data, args.encoding))
-    scoring = job.on_main(lambda: task.evaluation_input(args, table, config, tokenizer, job.say))
-    table = job.main_first(lambda: task.scored_table(args, table, scoring))
+    scoring = job.on_main(lambda: task.evaluation_input(options, table, config, tokenizer, job.say))
+    table = job.main_first(lambda: task.scored_table(options, table, scoring))
     model = load_classifier(args.model, job.device)
     cuts = CutCount()
-    render = task.render(scoring, tokenizer, args, cuts)
+    render = task.render(scoring, tokenizer, options, cuts)
     engine = torch_engine(model, tokenizer, args.batch_size)  # --calibrate folds its temperature into this model
-    scores = gathered_scores(job, scored_batches(job, table, task.scored_columns(scoring, args), render, engine))
+    scores = gathered_scores(job, scored_batches(job, table, task.scored_columns(scoring, options), render, engine))
     cuts.warn(job, "evaluate", args.data)
-    job.on_main(lambda: write_evaluation(args, model, task.evaluation(args, model, table, scoring, scores)))
+    job.on_main(lambda: write_evaluation(args, model, task.evaluation(options, model, table, scoring, scores)))
     job.leave()
     return 0
 
@@ -378,20 +382,21 @@ def predict(args) -> int:
     config, tokenizer = config_and_tokenizer(args.model)
     task = for_model(config)
     refuse_unread(args, task, "predict")
+    options = task.options(args)
     table = job.main_first(lambda: read_table(args.data, args.encoding))
-    scoring = job.on_main(lambda: task.prediction_input(args, table, config, tokenizer, job.say))
-    table = job.main_first(lambda: task.scored_table(args, table, scoring))
+    scoring = job.on_main(lambda: task.prediction_input(options, table, config, tokenizer, job.say))
+    table = job.main_first(lambda: task.scored_table(options, table, scoring))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
     engine = load_engine(args, job, tokenizer)
     job.barrier()
-    columns = task.prediction_columns(scoring, config, args)
-    writer = PredictionWriter(output, job, columns, task.ranked_by(scoring, args), args.top_k, task.csv_prefixes)
+    columns = task.prediction_columns(scoring, config, options)
+    writer = PredictionWriter(output, job, columns, task.ranked_by(scoring, options), args.top_k, task.csv_prefixes)
     cuts = CutCount()
-    render = task.render(scoring, tokenizer, args, cuts)
+    render = task.render(scoring, tokenizer, options, cuts)
     try:
-        for batch, scores in scored_batches(job, table, task.scored_columns(scoring, args), render, engine):
-            writer.write(task.prediction_rows(batch, scores, scoring, config, args))
+        for batch, scores in scored_batches(job, table, task.scored_columns(scoring, options), render, engine):
+            writer.write(task.prediction_rows(batch, scores, scoring, config, options))
     except BaseException:
         writer.discard()
         raise

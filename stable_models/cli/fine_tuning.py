@@ -283,12 +283,12 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
     return task.trainer_class()(
         model=model,
         args=training,
-        train_dataset=task.training_set(args, train_set),
+        train_dataset=task.training_set(data.options, train_set),
         eval_dataset=eval_set,
         data_collator=task.collator(tokenizer, packing, model),
         compute_metrics=task.compute_metrics(data),
         callbacks=callbacks,
-        **task.trainer_options(args, data, eval_set),
+        **task.trainer_options(data.options, data, eval_set),
     )
 
 

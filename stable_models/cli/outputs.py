@@ -143,22 +143,22 @@ def row_writer(handle, suffix: str, columns: list[str], prefixes: dict):
     return write
 
 
-def write_evaluation(args, model, evaluation: dict) -> None:
-    """The end of `evaluate`: the model saved in place when --calibrate changed it, the plots
-    (`draw(report_dir, training_log)`), report.json, the printed report and what --calibrate folded in."""
-    report = evaluation["report"]
+def write_evaluation(args, model, evaluation) -> None:
+    """The end of `evaluate` (a task's `task_steps.Evaluation`): the model saved in place when --calibrate changed
+    it, the plots, report.json, the printed report and what --calibrate folded in."""
+    report = evaluation.report
     if "calibration" in report:
         save_in_place(model, Path(args.model))
     report_dir = Path(args.report_dir or Path(args.model) / "evaluation")
     report_dir.mkdir(parents=True, exist_ok=True)
     log = Path(args.model) / "training_log.json"
-    report["plots"] = evaluation["draw"](report_dir, json.loads(log.read_text()) if log.is_file() else None)
+    report["plots"] = evaluation.draw(report_dir, json.loads(log.read_text()) if log.is_file() else None)
     (report_dir / "report.json").write_text(json.dumps(report, indent=1))
-    print(evaluation["text"](report))
+    print(evaluation.text(report))
     if "calibration" in report:
         c = report["calibration"]
         print(
-            f"calibrated: {evaluation['fitted']} {c['temperature']:.3f} folded into {args.model} (NLL "
+            f"calibrated: {evaluation.fitted} {c['temperature']:.3f} folded into {args.model} (NLL "
             f"{c['nll_before']:.4f} -> {c['nll_after']:.4f}, ECE {c['ece_before']:.4f} -> {c['ece_after']:.4f})"
         )
     print(f"report: {report_dir / 'report.json'}" + ("" if report["plots"] else f" (no plots: {PLOTS_HINT})"))

@@ -24,7 +24,18 @@ from .preference_data import (
     response_layout,
     template_summary,
 )
-from .task_steps import ModelInputs, Task, TrainingData, copied_rows, float_metrics, held_out, keep_trained_length
+from .task_steps import (
+    Evaluation,
+    ModelInputs,
+    Options,
+    Task,
+    TrainingData,
+    copied_rows,
+    float_metrics,
+    held_out,
+    keep_trained_length,
+    read_in,
+)
 
 REWARD = "reward"  # the one label of a reward model (config.id2label)
 PAIR_SCORES = ["reward_chosen", "reward_rejected", "preferred", "probability_chosen"]
@@ -47,11 +58,27 @@ class Responses:
     group_key: str | None  # --group-key: rank the responses within each group
 
 
+@dataclass(frozen=True)
+class PreferenceOptions(Options):
+    center_rewards: float | None = read_in("train")
+    text_key: str | None = read_in("predict")
+    group_key: str | None = read_in("predict")
+    top_k: int | None = read_in("predict")
+
+
+@dataclass(frozen=True)
+class PairLayouts:
+    """How the training and the eval pairs are laid out (TRL's layouts; the eval file may use another)."""
+
+    train: PreferenceLayout
+    eval: PreferenceLayout
+
+
 class Preference(Task):
     name = "preference"
     kind = "reward models"
     noun = "pairs"
-    reads = {"train": {"center_rewards"}, "predict": {"text_key", "group_key", "top_k"}}
+    Options = PreferenceOptions
     summary_keys = ("accuracy", "margin_mean", "loss", "ece")
     token_columns = ("chosen_input_ids", "rejected_input_ids")
 
@@ -62,29 +89,34 @@ class Preference(Task):
         return model_kind(config) == REWARD_MODEL
 
     # --- train
-    def read(self, args, table, say) -> TrainingData:
+    def read(self, options, table, say) -> TrainingData:
         """--train (and --eval, or a held-out --eval-fraction) as checked preference pairs of one layout."""
-        layout = read_pairs(table, args.train, say)
-        table, eval_table, eval_layout = held_out(args, table, lambda t: (t, read_pairs(t, args.eval, say)))
+        layout = read_pairs(table, options.train, say)
+        table, eval_table, eval_layout = held_out(options, table, lambda t: (t, read_pairs(t, options.eval, say)))
         # a reward: one unbounded output
-        return TrainingData(self, table, eval_table, "regression", [REWARD], (layout, eval_layout or layout))
+        layouts = PairLayouts(layout, eval_layout or layout)
+        return TrainingData(self, table, eval_table, "regression", [REWARD], options, layouts)
 
     def describe_model(self, data) -> str:
         return "reward"
 
-    def prepare(self, args, data, tokenizer, say) -> None:
-        for layout, path in zip(data.details, (args.train, args.eval or args.train), strict=True):
-            check_renderable(layout, tokenizer, args.model, path)
+    def prepare(self, options, data, tokenizer, say) -> None:
+        layouts = (data.details.train, data.details.eval)
+        for layout, path in zip(layouts, (options.train, options.eval or options.train), strict=True):
+            check_renderable(layout, tokenizer, options.model, path)
         say(
-            f"[train] preference pairs ({data.details[0].describe()}): {rendering(data.details[0], tokenizer)}",
+            f"[train] preference pairs ({data.details.train.describe()}): {rendering(data.details.train, tokenizer)}",
             file=sys.stderr,
         )
 
-    def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
+    def tokenize(self, options, tokenizer, limit, data, say) -> tuple:
         """(train, eval) pair tables of token ids; pairs longer than `limit` a side are dropped, as TRL drops them,
         rather than cut before the token the reward is read from."""
         sets = []
-        for table, layout, name in ((data.train, data.details[0], "training"), (data.eval, data.details[1], "eval")):
+        for table, layout, name in (
+            (data.train, data.details.train, "training"),
+            (data.eval, data.details.eval, "eval"),
+        ):
             pairs, dropped = encoded_pairs(table, tokenizer, layout, limit)
             if dropped:
                 say(f"[train] {dropped} {name} pair(s) longer than {limit} tokens a side dropped", file=sys.stderr)
@@ -108,8 +140,8 @@ class Preference(Task):
 
         return PairwiseTrainer
 
-    def trainer_options(self, args, data, eval_set) -> dict:
-        return {"center_rewards": args.center_rewards}
+    def trainer_options(self, options, data, eval_set) -> dict:
+        return {"center_rewards": options.center_rewards}
 
     def compute_metrics(self, data):
         return compute_pair_metrics
@@ -125,39 +157,39 @@ class Preference(Task):
         return ids, [1.0, 0.0] * (len(ids) // 2), torch.float32
 
     # --- evaluate and predict
-    def evaluation_input(self, args, table, config, tokenizer, say) -> Pairs:
+    def evaluation_input(self, options, table, config, tokenizer, say) -> Pairs:
         if not is_preference(table):
             raise CliError(
-                f"{args.data}: {args.model} is a reward model; evaluate it on preference data ('chosen' and 'rejected' "
-                "columns)"
+                f"{options.data}: {options.model} is a reward model; evaluate it on preference data ('chosen' and "
+                "'rejected' columns)"
             )
-        return self.pairs(args, table, tokenizer, say)
+        return self.pairs(options, table, tokenizer, say)
 
-    def prediction_input(self, args, table, config, tokenizer, say) -> Pairs | Responses:
+    def prediction_input(self, options, table, config, tokenizer, say) -> Pairs | Responses:
         """Pairs, or single responses (texts or conversations) to reward."""
         if is_preference(table):
-            return self.pairs(args, table, tokenizer, say)
-        key, conversational, prompt = response_layout(table, args.text_key, args.data)
+            return self.pairs(options, table, tokenizer, say)
+        key, conversational, prompt = response_layout(table, options.text_key, options.data)
         if conversational:
-            require_template(tokenizer, args.model, args.data)
-        if args.group_key:
-            require_column(table, args.group_key, args.data, "--group-key")
-        return Responses(key, conversational, prompt, args.group_key)
+            require_template(tokenizer, options.model, options.data)
+        if options.group_key:
+            require_column(table, options.group_key, options.data, "--group-key")
+        return Responses(key, conversational, prompt, options.group_key)
 
     @staticmethod
-    def pairs(args, table, tokenizer, say) -> Pairs:
-        layout = read_pairs(table, args.data, say)
-        check_renderable(layout, tokenizer, args.model, args.data)
+    def pairs(options, table, tokenizer, say) -> Pairs:
+        layout = read_pairs(table, options.data, say)
+        check_renderable(layout, tokenizer, options.model, options.data)
         return Pairs(layout)
 
-    def scored_columns(self, scoring: Pairs | Responses, args) -> list[str]:
+    def scored_columns(self, scoring: Pairs | Responses, options) -> list[str]:
         if isinstance(scoring, Pairs):
             layout = scoring.layout
             optional = [name for name, present in (("prompt", layout.prompt), ("margin", layout.margin)) if present]
             return ["chosen", "rejected"] + optional
         return list(dict.fromkeys([scoring.key] + (["prompt"] if scoring.prompt else []) + responses_group(scoring)))
 
-    def render(self, scoring: Pairs | Responses, tokenizer, args, cuts):
+    def render(self, scoring: Pairs | Responses, tokenizer, options, cuts):
         """Responses are scored whole (training drops over-long pairs rather than cut a response's end)."""
         if isinstance(scoring, Pairs):
 
@@ -173,7 +205,7 @@ class Preference(Task):
 
         return render
 
-    def evaluation(self, args, model, table, scoring: Pairs, scores) -> dict:
+    def evaluation(self, options, model, table, scoring: Pairs, scores) -> Evaluation:
         """Pairwise accuracy, margins, calibration (--calibrate folds the Bradley-Terry temperature into `score`),
         per-subset accuracy and RewardBench sections."""
         from ..calibration import calibrate_pairwise
@@ -183,23 +215,23 @@ class Preference(Task):
         chosen, rejected = rewards[:, 0], rewards[:, 1]
         subsets = table["subset"] if scoring.layout.subset else None
         report = {"task": self.name, **pairwise_metrics(chosen, rejected, subsets)}
-        if args.calibrate:
+        if options.calibrate:
             fitted, chosen, rejected = calibrate_pairwise(model, chosen, rejected, [1] * len(chosen))
             report.update(pairwise_metrics(chosen, rejected, subsets))
             report["calibration"] = fitted
         draw = partial(plot_rewards, report, chosen, rejected)
-        return {"report": report, "draw": draw, "text": report_text, "fitted": "Bradley-Terry temperature"}
+        return Evaluation(report, draw, report_text, "Bradley-Terry temperature")
 
-    def prediction_columns(self, scoring: Pairs | Responses, config, args) -> list[str]:
+    def prediction_columns(self, scoring: Pairs | Responses, config, options) -> list[str]:
         if isinstance(scoring, Pairs):
             prompt = ["prompt"] if scoring.layout.prompt else []
             return list(dict.fromkeys(prompt + ["chosen", "rejected"])) + PAIR_SCORES
         copied = (["prompt"] if scoring.prompt else []) + [scoring.key] + responses_group(scoring)
         return list(dict.fromkeys(copied)) + ["reward"] + (["rank"] if scoring.group_key else [])
 
-    def prediction_rows(self, batch, scores, scoring: Pairs | Responses, config, args) -> list[dict]:
+    def prediction_rows(self, batch, scores, scoring: Pairs | Responses, config, options) -> list[dict]:
         """A reward per response; for a pair file both rewards and the preferred side."""
-        rows = copied_rows(batch, self.prediction_columns(scoring, config, args))
+        rows = copied_rows(batch, self.prediction_columns(scoring, config, options))
         for row, values in zip(rows, scores[:, :, 0].double().tolist(), strict=True):
             if isinstance(scoring, Pairs):
                 difference = values[0] - values[1]
@@ -213,7 +245,7 @@ class Preference(Task):
                 row["reward"] = values[0]
         return rows
 
-    def ranked_by(self, scoring: Pairs | Responses, args):
+    def ranked_by(self, scoring: Pairs | Responses, options):
         """--group-key: each response's rank in its group by reward (1 = highest; best-of-n)."""
         return (scoring.group_key, "reward") if isinstance(scoring, Responses) and scoring.group_key else None
 

@@ -27,7 +27,18 @@ from .ranking_data import (
     template_of,
     tokenized_groups,
 )
-from .task_steps import ModelInputs, Task, TrainingData, copied_rows, held_out, keep_trained_length, positions
+from .task_steps import (
+    Evaluation,
+    ModelInputs,
+    Options,
+    Task,
+    TrainingData,
+    copied_rows,
+    held_out,
+    keep_trained_length,
+    positions,
+    read_in,
+)
 
 SCORE = "score"  # the one label of a reranker (config.id2label)
 METRIC_KEYS = ("ndcg@1", "ndcg@5", "ndcg@10", "mrr@10", "map", "recall@1", "recall@5", "recall@10")
@@ -52,27 +63,27 @@ class QueryDocuments:
         return cls(layout, config.reranker_template, instruction, limit, pointwise_rows, group_key)
 
 
+@dataclass(frozen=True)
+class RankingOptions(Options):
+    label_key: str | None = read_in("train", "evaluate")
+    group_key: str | None = read_in("train", "evaluate", "predict")
+    loss: str | None = read_in("train")
+    temperature: float | None = read_in("train")
+    negatives: int | None = read_in("train")
+    template: str | None = read_in("train")
+    instruction: str | None = read_in("train")
+    mine_negatives: int | None = read_in("train")
+    corpus: str | None = read_in("train")
+    init_from_tokens: list | None = read_in("train")
+    save_generative: bool = read_in("train", default=False)
+    top_k: int | None = read_in("predict")
+
+
 class Ranking(Task):
     name = "ranking"
     kind = "rerankers"
     noun = "query groups"
-    reads = {
-        "train": {
-            "label_key",
-            "group_key",
-            "loss",
-            "temperature",
-            "negatives",
-            "template",
-            "instruction",
-            "mine_negatives",
-            "corpus",
-            "init_from_tokens",
-            "save_generative",
-        },
-        "evaluate": {"label_key", "group_key"},
-        "predict": {"group_key", "top_k"},
-    }
+    Options = RankingOptions
     summary_keys = ("ndcg@10", "mrr@10", "map", "loss")
 
     def claims(self, table) -> bool:
@@ -83,41 +94,43 @@ class Ranking(Task):
         return model_kind(config) == RERANKER
 
     # --- train
-    def read(self, args, table, say) -> TrainingData:
-        layout = require_layout(table, args, args.train)
-        groups = read_groups(table, layout, args, args.train)
-        if bool(args.mine_negatives) != bool(args.corpus):
+    def read(self, options, table, say) -> TrainingData:
+        layout = require_layout(table, options, options.train)
+        groups = read_groups(table, layout, options, options.train)
+        if bool(options.mine_negatives) != bool(options.corpus):
             raise CliError("--mine-negatives K and --corpus FILE go together")
-        if args.mine_negatives:
-            groups = mine_negatives(groups, args.corpus, args.mine_negatives, say, args.encoding)
+        if options.mine_negatives:
+            groups = mine_negatives(groups, options.corpus, options.mine_negatives, say, options.encoding)
 
         def read_eval(eval_table):
-            return read_groups(eval_table, require_layout(eval_table, args, args.eval), args, args.eval), None
+            return read_groups(
+                eval_table, require_layout(eval_table, options, options.eval), options, options.eval
+            ), None
 
-        groups, eval_groups, _ = held_out(args, groups, read_eval)
-        return TrainingData(self, groups, eval_groups, "regression", [SCORE], (layout,))
+        groups, eval_groups, _ = held_out(options, groups, read_eval)
+        return TrainingData(self, groups, eval_groups, "regression", [SCORE], options, layout)
 
-    def model_options(self, args, data) -> dict:
-        trained_template(args)  # a bad --template stops before the model loads
-        if args.save_generative and (not args.init_from_tokens or args.pooling != "last"):
+    def model_options(self, options, data) -> dict:
+        trained_template(options)  # a bad --template stops before the model loads
+        if options.save_generative and (not options.init_from_tokens or options.pooling != "last"):
             raise CliError(
                 "--save-generative needs --init-from-tokens YES NO and last-token pooling: the score is "
                 "the log-odds of YES over NO at the last position"
             )
-        return super().model_options(args, data)
+        return super().model_options(options, data)
 
     def describe_model(self, data) -> str:
         return "reranker"
 
-    def prepare(self, args, data, tokenizer, say) -> None:
-        template = trained_template(args)
-        loss = loss_kind(args, data)
+    def prepare(self, options, data, tokenizer, say) -> None:
+        template = trained_template(options)
+        loss = loss_kind(options, data)
         say(
-            f"[train] query groups ({data.details[0].describe()}), {loss} loss: {template.describe()}",
+            f"[train] query groups ({data.details.describe()}), {loss} loss: {template.describe()}",
             file=sys.stderr,
         )
 
-    def prepare_model(self, args, model, tokenizer, say) -> None:
+    def prepare_model(self, options, model, tokenizer, say) -> None:
         """--init-from-tokens YES NO: the score head becomes W_lm[YES] - W_lm[NO], so the untrained reranker gives
         the causal LM's own log-odds of YES over NO at the last position (ms-swift's generative reranker, vLLM's
         from_2_way_softmax). The config keeps the template, and the tokenizer carries it as a chat template, so
@@ -125,32 +138,32 @@ class Ranking(Task):
         from ..consumers import COLUMNS, consumer_table
         from ..templates import attach_template
 
-        attach_template(model, tokenizer, trained_template(args))
+        attach_template(model, tokenizer, trained_template(options))
         for cell in consumer_table(model.config, tokenizer):  # the stock class's pad == eos is the README's story
             if cell.ok is False and cell.consumer != COLUMNS[2]:
                 say(
                     f"[train] warning: {cell.consumer} will not score this reranker as trained: {cell.how}",
                     file=sys.stderr,
                 )
-        if args.init_from_tokens:
-            yes, no = args.init_from_tokens
-            init_score_from_tokens(model, args.model, tokenizer, yes, no, args.gguf_file)
+        if options.init_from_tokens:
+            yes, no = options.init_from_tokens
+            init_score_from_tokens(model, options.model, tokenizer, yes, no, options.gguf_file)
             say(f"[train] score head = W_lm[{yes!r}] - W_lm[{no!r}] (the LM's log-odds)", file=sys.stderr)
-        if not args.no_packing:
+        if not options.no_packing:
             from ..modeling_rules import shared_prefix_obstacle
 
             why = shared_prefix_obstacle(model)
             said = "computed once per group" if why is None else f"computed per document: {why}"
             say(f"[train] the tokens a group's documents start with (template head, query): {said}", file=sys.stderr)
 
-    def save_more(self, args, model, tokenizer, output, say) -> None:
+    def save_more(self, options, model, tokenizer, output, say) -> None:
         """--save-generative: OUTPUT/generative, the reranker as a plain causal LM (stable_models.generative)."""
-        if not args.save_generative:
+        if not options.save_generative:
             return
         from ..generative import save_generative
 
-        yes, no = args.init_from_tokens
-        head = base_lm_head(args.model, args.gguf_file)
+        yes, no = options.init_from_tokens
+        head = base_lm_head(options.model, options.gguf_file)
         how = save_generative(model, tokenizer, output / "generative", yes, no, head)
         say(
             f"[train] generative form: {output / 'generative'} (a causal LM: {how['score']}; vLLM: hf_overrides="
@@ -164,8 +177,8 @@ class Ranking(Task):
                 file=sys.stderr,
             )
 
-    def tokenize(self, args, tokenizer, limit, data, say) -> tuple:
-        template = trained_template(args)
+    def tokenize(self, options, tokenizer, limit, data, say) -> tuple:
+        template = trained_template(options)
         sets = [tokenized_groups(groups, tokenizer, template, limit) for groups in (data.train, data.eval)]
         keep_trained_length(tokenizer, max(column_max(s, "longest") for s in sets))
         return tuple(sets)
@@ -186,20 +199,22 @@ class Ranking(Task):
         inner = PackedGroupCollator(pad_token_id=tokenizer.pad_token_id, share_prefixes=share)
         return ModelInputs(inner, (*self.token_columns, "relevance", "teacher"))
 
-    def training_set(self, args, train_set):
+    def training_set(self, options, train_set):
         """--negatives N: each time a group is drawn (every epoch), N of its negatives, sampled anew."""
-        if not args.negatives:
+        if not options.negatives:
             return train_set
-        return train_set.with_transform(partial(sample_negatives, count=args.negatives, rng=random.Random(args.seed)))
+        return train_set.with_transform(
+            partial(sample_negatives, count=options.negatives, rng=random.Random(options.seed))
+        )
 
     def trainer_class(self):
         from ..trainers import RankingTrainer
 
         return RankingTrainer
 
-    def trainer_options(self, args, data, eval_set) -> dict:
+    def trainer_options(self, options, data, eval_set) -> dict:
         widest = max((len(ids) for ids in eval_set["relevance"]), default=1)
-        return {"loss": loss_kind(args, data), "temperature": args.temperature or 1.0, "group_width": widest}
+        return {"loss": loss_kind(options, data), "temperature": options.temperature or 1.0, "group_width": widest}
 
     def compute_metrics(self, data):
         return compute_group_metrics
@@ -216,33 +231,35 @@ class Ranking(Task):
         return ids, labels, torch.float32
 
     # --- evaluate and predict
-    def evaluation_input(self, args, table, config, tokenizer, say) -> QueryDocuments:
-        layout = require_layout(table, args, args.data)
-        read_groups(table, layout, args, args.data, need_positive=True)
+    def evaluation_input(self, options, table, config, tokenizer, say) -> QueryDocuments:
+        layout = require_layout(table, options, options.data)
+        read_groups(table, layout, options, options.data, need_positive=True)
         return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
 
-    def prediction_input(self, args, table, config, tokenizer, say) -> QueryDocuments:
-        layout = require_layout(table, args, args.data)
+    def prediction_input(self, options, table, config, tokenizer, say) -> QueryDocuments:
+        layout = require_layout(table, options, options.data)
         if layout.kind != "pointwise":
-            read_groups(table, layout, args, args.data, need_positive=False)
+            read_groups(table, layout, options, options.data, need_positive=False)
             return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
-        check_texts(table, args.data, "query", "document")
-        if args.group_key:
-            require_column(table, args.group_key, args.data, "--group-key")
-        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=True, group_key=args.group_key)
+        check_texts(table, options.data, "query", "document")
+        if options.group_key:
+            require_column(table, options.group_key, options.data, "--group-key")
+        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=True, group_key=options.group_key)
 
-    def scored_table(self, args, table, scoring: QueryDocuments):
+    def scored_table(self, options, table, scoring: QueryDocuments):
         if scoring.pointwise_rows:
             return table
-        return explode(read_groups(table, scoring.layout, args, args.data, checked=False))  # the input step checked
+        return explode(
+            read_groups(table, scoring.layout, options, options.data, checked=False)
+        )  # the input step checked
 
-    def scored_columns(self, scoring: QueryDocuments, args) -> list[str]:
+    def scored_columns(self, scoring: QueryDocuments, options) -> list[str]:
         if scoring.pointwise_rows:
             group = [scoring.group_key] if scoring.group_key else []
             return list(dict.fromkeys(["query", "document"] + group))
         return ["group", "query", "document", "relevance", "position", "prompt"]
 
-    def render(self, scoring: QueryDocuments, tokenizer, args, cuts):
+    def render(self, scoring: QueryDocuments, tokenizer, options, cuts):
         template = template_of(scoring.template, scoring.instruction)
 
         def render(batch):
@@ -253,7 +270,7 @@ class Ranking(Task):
 
         return render
 
-    def evaluation(self, args, model, table, scoring: QueryDocuments, scores) -> dict:
+    def evaluation(self, options, model, table, scoring: QueryDocuments, scores) -> Evaluation:
         """NDCG@1/5/10, MRR@10, MAP, Recall@1/5/10 over queries, the same for the input's own order (the first stage)
         and the lift; --calibrate fits a temperature to sigmoid(score) as the probability of relevance."""
         from ..calibration import calibrate_pairwise
@@ -273,31 +290,31 @@ class Ranking(Task):
             "lift": {k: ours[k] - first_stage[k] for k in METRIC_KEYS},
             "per_query_ndcg@10": ours["per_query_ndcg@10"],
         }
-        if args.calibrate:
+        if options.calibrate:
             targets = (relevance > 0).long().tolist()
             report["calibration"], _, _ = calibrate_pairwise(model, scores, torch.zeros_like(scores), targets)
         draw = partial(plot_ranking, report, first_stage["per_query_ndcg@10"])
-        return {"report": report, "draw": draw, "text": report_text, "fitted": "relevance temperature"}
+        return Evaluation(report, draw, report_text, "relevance temperature")
 
-    def prediction_columns(self, scoring: QueryDocuments, config, args) -> list[str]:
+    def prediction_columns(self, scoring: QueryDocuments, config, options) -> list[str]:
         if scoring.pointwise_rows:
             key = [scoring.group_key] if scoring.group_key not in (None, "query", "document") else []
             return ["query", *key, "document", "score", "rank"]
         return ["group", "query", "document", "score", "rank"]
 
-    def prediction_rows(self, batch, scores, scoring: QueryDocuments, config, args) -> list[dict]:
-        rows = copied_rows(batch, self.prediction_columns(scoring, config, args))
+    def prediction_rows(self, batch, scores, scoring: QueryDocuments, config, options) -> list[dict]:
+        rows = copied_rows(batch, self.prediction_columns(scoring, config, options))
         for i, (row, value) in enumerate(zip(rows, scores[:, 0, 0].tolist(), strict=True)):
             if not scoring.pointwise_rows:
                 row["group"] = batch["group"][i] + 1  # the group's number in the input (1 = first)
             row["score"] = value
         return rows
 
-    def ranked_by(self, scoring: QueryDocuments, args):
+    def ranked_by(self, scoring: QueryDocuments, options):
         return ((scoring.group_key or "query") if scoring.pointwise_rows else "group", "score")
 
 
-def require_layout(table, args, path):
+def require_layout(table, options, path):
     layout = ranking_layout(table)
     if layout is None:
         raise CliError(
@@ -308,17 +325,17 @@ def require_layout(table, args, path):
     return layout
 
 
-def trained_template(args):
-    return template_of(args.template or "pair", args.instruction)
+def trained_template(options):
+    return template_of(options.template or "pair", options.instruction)
 
 
-def loss_kind(args, data) -> str:
+def loss_kind(options, data) -> str:
     """--loss, or by default distillation where the file has teacher scores and listwise otherwise."""
-    if args.loss:
-        if args.loss == "distillation" and not data.details[0].teacher:
+    if options.loss:
+        if options.loss == "distillation" and not data.details.teacher:
             raise CliError("--loss distillation needs teacher scores (pos_scores / neg_scores columns)")
-        return args.loss
-    return "distillation" if data.details[0].teacher else "listwise"
+        return options.loss
+    return "distillation" if data.details.teacher else "listwise"
 
 
 def sample_negatives(batch, count: int, rng):
@@ -338,9 +355,9 @@ def sample_negatives(batch, count: int, rng):
 def causal_lm(folder, gguf_file=None):
     from transformers import AutoModelForCausalLM
 
-    options = {"gguf_file": gguf_file} if gguf_file else {}
+    where = {"gguf_file": gguf_file} if gguf_file else {}
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **options)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **where)
     except (OSError, ValueError) as error:
         raise CliError(f"--init-from-tokens: {folder} has no causal LM head ({str(error).splitlines()[0]})") from None
 

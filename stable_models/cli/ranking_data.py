@@ -46,7 +46,7 @@ def negative_columns(columns) -> list[str]:
     return numbered or (["negative"] if "negative" in columns else [])
 
 
-def ranking_layout(table, args=None) -> RankingLayout | None:
+def ranking_layout(table, options=None) -> RankingLayout | None:
     """Which layout a table has, or None (not reranking data). Pointwise rows need `query` and `document` (and are
     not taken for a text-pair classifier's file, which names its columns with --text-key / --text-pair-key)."""
     columns = set(table.column_names)
@@ -56,7 +56,7 @@ def ranking_layout(table, args=None) -> RankingLayout | None:
         return RankingLayout("tuples")
     if {"messages", "positive_messages"} <= columns:
         return RankingLayout("messages")
-    if {"query", "document"} <= columns and not (args is not None and getattr(args, "text_pair_key", None)):
+    if {"query", "document"} <= columns and not (options is not None and getattr(options, "text_pair_key", None)):
         return RankingLayout("pointwise")
     return None
 
@@ -159,11 +159,11 @@ def check_shapes(table, layout: RankingLayout, path) -> None:
                 raise CliError(f"{path}: {column!r} holds {words} per row; row {start + bad + 1} holds {shown}")
 
 
-def read_groups(table, layout: RankingLayout, args, path, need_positive=True, checked=True):
+def read_groups(table, layout: RankingLayout, options, path, need_positive=True, checked=True):
     """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise.
     `checked=False` skips the group checks, for a table a first call has checked."""
     if layout.kind == "pointwise":
-        groups = pointwise_groups(table, args, path)
+        groups = pointwise_groups(table, options, path)
     else:
         check_shapes(table, layout, path)
         with no_progress_bars():
@@ -181,14 +181,14 @@ def read_groups(table, layout: RankingLayout, args, path, need_positive=True, ch
     return groups
 
 
-def pointwise_groups(table, args, path):
+def pointwise_groups(table, options, path):
     """Pointwise rows grouped by `query` (or --group-key), groups in the order of their first row."""
     import datasets
 
     from .data import refuse_missing
 
-    key = getattr(args, "group_key", None) or "query"
-    label = getattr(args, "label_key", None) or "label"
+    key = getattr(options, "group_key", None) or "query"
+    label = getattr(options, "label_key", None) or "label"
     for column, flag in (("query", "--task ranking"), ("document", "--task ranking"), (key, "--group-key")):
         require_column(table, column, path, flag)
     require_column(table, label, path, "--label-key")

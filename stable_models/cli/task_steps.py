@@ -1,7 +1,8 @@
 """The steps every task implements (`Task`), what `train` reads into (`TrainingData`), and the steps the tasks share
 once: the held-out eval split, the length limits, the metrics Trainer logs, predict's copied columns."""
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 from .data import read_table, split_eval
 
@@ -25,12 +26,12 @@ def keep_trained_length(tokenizer, longest: int) -> None:
         tokenizer.model_max_length = longest
 
 
-def held_out(args, train_rows, read_eval):
+def held_out(options, train_rows, read_eval):
     """(training rows, eval rows, what `read_eval` found in --eval or None): --eval read by the task's
     `read_eval(table) -> (rows, found)`, or a seeded random --eval-fraction of the training rows held out."""
-    if args.eval:
-        return train_rows, *read_eval(read_table(args.eval, args.encoding))
-    return *split_eval(train_rows, args.eval_fraction, args.seed, args.train), None
+    if options.eval:
+        return train_rows, *read_eval(read_table(options.eval, options.encoding))
+    return *split_eval(train_rows, options.eval_fraction, options.seed, options.train), None
 
 
 def float_metrics(report: dict) -> dict:
@@ -44,6 +45,45 @@ def copied_rows(batch: dict, columns) -> list[dict]:
     return [{c: batch[c][i] for c in present} for i in range(len(next(iter(batch.values()))))]
 
 
+def read_in(*commands: str, default=None):
+    """An option field a task reads in these commands (only some tasks do): `Task.reads` derives from these, and any
+    such option given to a task that does not read it is refused (tasks.refuse_unread)."""
+    return field(default=default, metadata={"read_in": commands})
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a task reads of the command line, parsed once (`from_args`) into a frozen dataclass: the options every
+    task reads (here) and, in a task's subclass, its own (each a `read_in(...)` field). A field the command does not
+    have stays None."""
+
+    model: str | None = None
+    gguf_file: str | None = None
+    train: str | None = None
+    eval: str | None = None
+    eval_fraction: float | None = None
+    data: str | None = None
+    encoding: str | None = None
+    seed: int | None = None
+    max_length: int | None = None
+    pooling: str | None = None
+    no_packing: bool = False
+    calibrate: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> "Options":
+        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
+
+    @classmethod
+    def reads(cls) -> dict[str, set]:
+        """{command: the options of this class read there among those only some tasks read}."""
+        found: dict[str, set] = {}
+        for option in fields(cls):
+            for command in option.metadata.get("read_in", ()):
+                found.setdefault(command, set()).add(option.name)
+        return found
+
+
 @dataclass
 class TrainingData:
     """The checked training and eval tables of `train` (datasets, memory-mapped), with the model's outputs."""
@@ -53,11 +93,23 @@ class TrainingData:
     eval: object
     problem_type: str  # transformers' config.problem_type of the model this trains
     names: list  # the model's outputs: config.id2label in order
-    details: tuple = field(default=())  # what the task needs to tokenize its tables (preference: their layouts)
+    options: Options  # what the task read of the command line
+    details: object = None  # what the task needs to tokenize its tables (its own typed record)
 
     @property
     def label2id(self) -> dict:
         return {name: i for i, name in enumerate(self.names)}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What a task's `evaluation` returns to evaluate: the report (report.json), `draw(folder, training_log)` (the
+    plots, their file names), `text(report)` (the printed form) and the name of what --calibrate fits."""
+
+    report: dict
+    draw: Callable
+    text: Callable
+    fitted: str
 
 
 class ModelInputs:
@@ -87,14 +139,22 @@ class Task:
     name = ""
     kind = ""  # what its models are, in messages ("classifiers")
     noun = "examples"  # what one training row is, in messages
-    # {command: the options this task reads among those only some tasks read}; any other of those is refused
-    # (refuse_unread). Options every task reads (--model, --batch-size, ...) are in no task's list.
-    reads: dict = {}
+    Options = Options  # the options dataclass this task parses the command line into (its `read_in` fields)
     summary_keys = ("loss",)  # the final eval metrics train prints
     # the token-id columns of the tokenized training table (each a list of ids, or of lists of ids); with the `length`
     # column every task's table has (its tokens per example), what the evaluation cadence reads
     token_columns = ("input_ids",)
     csv_prefixes: dict = {}  # predict's dict-valued fields spread over CSV columns named prefix + key
+
+    @property
+    def reads(self) -> dict[str, set]:
+        """{command: the options this task reads among those only some tasks read}, from its Options' fields; any
+        other of those is refused (refuse_unread). Options every task reads (--model, ...) are in no task's list."""
+        return self.Options.reads()
+
+    def options(self, args) -> Options:
+        """The command line as this task reads it, parsed once: every step after this one gets it, not `args`."""
+        return self.Options.from_args(args)
 
     # --- choosing the task
     def claims(self, table) -> bool:
@@ -104,10 +164,10 @@ class Task:
         raise NotImplementedError
 
     # --- train
-    def read(self, args, table, say) -> TrainingData:
+    def read(self, options, table, say) -> TrainingData:
         raise NotImplementedError
 
-    def model_options(self, args, data: TrainingData) -> dict:
+    def model_options(self, options, data: TrainingData) -> dict:
         """from_pretrained arguments for the head: num_labels, id2label, label2id, problem_type and loss options."""
         return dict(
             num_labels=len(data.names),
@@ -119,19 +179,19 @@ class Task:
     def describe_model(self, data: TrainingData) -> str:
         return data.problem_type.replace("_", " ")
 
-    def prepare(self, args, data: TrainingData, tokenizer, say) -> None:
+    def prepare(self, options, data: TrainingData, tokenizer, say) -> None:
         """Checks that need the tokenizer (a chat template), and what train says about how rows become tokens."""
 
-    def prepare_model(self, args, model, tokenizer, say) -> None:
+    def prepare_model(self, options, model, tokenizer, say) -> None:
         """Changes to the freshly loaded model before adapters are attached (a reranker's head from LM tokens)."""
 
-    def tokenize(self, args, tokenizer, limit: int, data: TrainingData, say) -> tuple:
+    def tokenize(self, options, tokenizer, limit: int, data: TrainingData, say) -> tuple:
         raise NotImplementedError
 
-    def save_more(self, args, model, tokenizer, output, say) -> None:
+    def save_more(self, options, model, tokenizer, output, say) -> None:
         """After the model is saved (rank 0): other forms of it the options ask for (a reranker's generative form)."""
 
-    def training_set(self, args, train_set):
+    def training_set(self, options, train_set):
         """The training table as the Trainer draws from it (a reranker samples negatives anew each epoch)."""
         return train_set
 
@@ -146,7 +206,7 @@ class Task:
 
         return StableTrainer
 
-    def trainer_options(self, args, data: TrainingData, eval_set) -> dict:
+    def trainer_options(self, options, data: TrainingData, eval_set) -> dict:
         return {}
 
     def compute_metrics(self, data: TrainingData):
@@ -162,40 +222,39 @@ class Task:
         raise NotImplementedError
 
     # --- evaluate and predict
-    def check_evaluate(self, args, config) -> None:
+    def check_evaluate(self, options, config) -> None:
         """Refuse evaluate's options this model does not take (before the file is read)."""
 
-    def evaluation_input(self, args, table, config, tokenizer, say):
+    def evaluation_input(self, options, table, config, tokenizer, say):
         """evaluate's file, checked: the task's typed input for `render` and the report (sent to every rank)."""
         raise NotImplementedError
 
-    def prediction_input(self, args, table, config, tokenizer, say):
+    def prediction_input(self, options, table, config, tokenizer, say):
         """predict's file, checked: the task's typed input for `render` and the rows (sent to every rank)."""
         raise NotImplementedError
 
-    def scored_table(self, args, table, scoring):
+    def scored_table(self, options, table, scoring):
         """The table whose rows are scored (a reranker scores one row per document of each group)."""
         return table
 
-    def scored_columns(self, scoring, args) -> list[str]:
+    def scored_columns(self, scoring, options) -> list[str]:
         raise NotImplementedError
 
-    def render(self, scoring, tokenizer, args, cuts):
+    def render(self, scoring, tokenizer, options, cuts):
         """A function from a batch of rows (a dict of columns) to a list of sides, each a list of token-id lists; the
         rows it truncates go to `cuts` (`data.CutCount`), for the command's warning."""
         raise NotImplementedError
 
-    def evaluation(self, args, model, table, scoring, scores) -> dict:
-        """The report of an evaluation (rank 0): `report`, `draw(folder, training_log)`, `text(report)` and the
-        name of what --calibrate fits."""
+    def evaluation(self, options, model, table, scoring, scores) -> Evaluation:
+        """The report of an evaluation (rank 0)."""
         raise NotImplementedError
 
-    def prediction_columns(self, scoring, config, args) -> list[str]:
+    def prediction_columns(self, scoring, config, options) -> list[str]:
         raise NotImplementedError
 
-    def prediction_rows(self, batch, scores, scoring, config, args) -> list[dict]:
+    def prediction_rows(self, batch, scores, scoring, config, options) -> list[dict]:
         raise NotImplementedError
 
-    def ranked_by(self, scoring, args):
+    def ranked_by(self, scoring, options):
         """(group column, score field) when predict ranks rows within groups, else None."""
         return None
