@@ -7,15 +7,15 @@ over them, and passes it to the forward as `label_weight_total`: the micro-batch
 `F.cross_entropy(weight=class_weights, label_smoothing=...)` on the one big batch. Everything else is Trainer's.
 
 `PairwiseTrainer` is the same for reward models: the Bradley-Terry loss on pairs, with margins and centering.
-`RankingTrainer` for rerankers: `ranking_loss` over query groups, divided by the groups of the whole batch.
+`RankingTrainer` for rerankers: a `losses.GroupLoss` over query groups, divided by the groups of the whole batch.
+Both take their loss as an object that holds its options (`loss=`), built once; each step hands it the batch's own
+inputs (margins, group sizes, teacher scores).
 """
-
-import functools
 
 import torch
 from transformers import Trainer
 
-from .losses import bradley_terry_loss, ranking_loss
+from .losses import BradleyTerryLoss, GroupLoss, ranking_loss_named
 from .modeling_loss import total_class_weight
 
 
@@ -51,15 +51,16 @@ class PairwiseTrainer(StableTrainer):
     `margin` from the batch and `center_rewards` (TRL's center_rewards_coefficient), exact under gradient
     accumulation and across processes (Trainer's num_items_in_batch, which counts two responses per pair)."""
 
-    def __init__(self, *args, center_rewards: float | None = None, **kwargs):
-        self.center_rewards = center_rewards
-        super().__init__(*args, compute_loss_func=bradley_terry_loss, **kwargs)
+    def __init__(self, *args, loss: BradleyTerryLoss | None = None, center_rewards: float | None = None, **kwargs):
+        self.loss = loss or BradleyTerryLoss(center_rewards)
+        self._batch = {}  # this step's inputs for the loss, not for the model
+        super().__init__(*args, compute_loss_func=self.batch_loss, **kwargs)
+
+    def batch_loss(self, outputs, labels, num_items_in_batch=None):
+        return self.loss(outputs, labels, num_items_in_batch, **self._batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        margin = inputs.pop("margin", None)  # the model takes no margin: the loss does
-        self.compute_loss_func = functools.partial(
-            bradley_terry_loss, margin=margin, center_rewards=self.center_rewards
-        )
+        self._batch = {"margin": inputs.pop("margin", None)}  # the model takes no margin: the loss does
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -73,15 +74,19 @@ class PairwiseTrainer(StableTrainer):
 
 
 class RankingTrainer(StableTrainer):
-    """StableTrainer for rerankers on query groups (`PackedGroupCollator`): `ranking_loss` of the given `kind`
-    (listwise, pointwise, ranknet, distillation) with `temperature`, averaged over groups. Trainer's
+    """StableTrainer for rerankers on query groups (`PackedGroupCollator`): `loss`, a `losses.GroupLoss` (or its
+    name: listwise, pointwise, ranknet, distillation, with `temperature`), averaged over groups. Trainer's
     `num_items_in_batch` counts the groups of every accumulated micro-batch (and process), so groups of any size add
     up to the loss of the one big batch. Evaluation gives one row per group: its documents' scores and relevances,
     padded with NaN and -100 to `group_width` (the widest eval group), so every batch's rows line up."""
 
-    def __init__(self, *args, loss: str = "listwise", temperature: float = 1.0, group_width=None, **kwargs):
-        self.loss_kind, self.temperature, self.group_width = loss, temperature, group_width
-        super().__init__(*args, compute_loss_func=group_ranking_loss, **kwargs)
+    def __init__(self, *args, loss: GroupLoss | str = "listwise", temperature: float = 1.0, group_width=None, **kwargs):
+        self.loss = ranking_loss_named(loss, temperature) if isinstance(loss, str) else loss
+        self.group_width, self._batch = group_width, {}
+        super().__init__(*args, compute_loss_func=self.batch_loss, **kwargs)
+
+    def batch_loss(self, outputs, labels, num_items_in_batch=None):
+        return self.loss(outputs, labels, num_items_in_batch, **self._batch)
 
     def _get_num_items_in_batch(self, batch_samples, device):
         count = torch.tensor(sum(len(batch["group_sizes"]) for batch in batch_samples), device=device)
@@ -91,10 +96,7 @@ class RankingTrainer(StableTrainer):
         return count
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        groups = {"group_sizes": inputs.pop("group_sizes"), "teacher": inputs.pop("teacher", None)}
-        self.compute_loss_func = functools.partial(
-            group_ranking_loss, kind=self.loss_kind, temperature=self.temperature, **groups
-        )
+        self._batch = {"group_sizes": inputs.pop("group_sizes"), "teacher": inputs.pop("teacher", None)}
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -105,12 +107,6 @@ class RankingTrainer(StableTrainer):
             logits = pad_groups(logits.reshape(-1).float(), sizes, width, float("nan"))
             labels = None if labels is None else pad_groups(labels.reshape(-1).float(), sizes, width, -100.0)
         return loss, logits, labels
-
-
-def group_ranking_loss(outputs, labels, num_items_in_batch=None, group_sizes=None, teacher=None, **options):
-    return ranking_loss(
-        outputs["logits"], labels, group_sizes, teacher=teacher, num_items_in_batch=num_items_in_batch, **options
-    )
 
 
 def pad_groups(values, sizes, width, fill):

@@ -206,3 +206,26 @@ def test_predict_writes_parquet_with_the_rows_it_writes_as_json_lines(task, base
         assert run("predict", "--model", merged, "--data", data, "--output", tmp_path / f"p.{suffix}") == 0
     expected = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert pq.read_table(tmp_path / "p.parquet").to_pylist() == expected
+
+
+def test_the_evaluator_evaluate_uses_gives_its_report_from_python(base, tmp_path_factory, tmp_path):
+    """The classifier's evaluator object, called on the model and token ids without the command line, gives the
+    report `stable-models evaluate` writes (the same object computes both)."""
+    from stable_models import ClassificationEvaluator
+    from stable_models.labels import encode_labels
+
+    root = tmp_path_factory.getbasetemp() / "forms"
+    root.mkdir(exist_ok=True)
+    _, merged, _ = trained(base, root, "classification", "merged")
+    rows = TASKS["classification"][0][:9]
+    data = write(tmp_path / "test.jsonl", rows)
+    assert run("evaluate", "--model", merged, "--data", data, "--report-dir", tmp_path / "report") == 0
+    written = json.loads((tmp_path / "report" / "report.json").read_text())
+    model = stable_models.from_pretrained(merged, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    targets = encode_labels([r["label"] for r in rows], model.config.problem_type, model.config.label2id, "rows")
+    ids = [tokenizer(r["text"])["input_ids"] for r in rows]
+    report = ClassificationEvaluator(names, model.config.problem_type).of_model(model, tokenizer, ids, targets)
+    for key in ("accuracy", "f1_macro", "ece"):
+        assert report[key] == pytest.approx(written[key], abs=1e-6), key

@@ -97,3 +97,25 @@ def test_bad_groups_are_clear_errors():
         ranking_loss(torch.zeros(3), torch.ones(3), [3], "lambda")
     with pytest.raises(ValueError, match="distillation needs teacher scores"):
         ranking_loss(torch.zeros(3), torch.ones(3), [3], "distillation")
+
+
+@pytest.mark.parametrize("kind", RANKING_LOSSES)
+def test_each_loss_is_an_object_holding_its_options_and_the_trainer_keeps_the_one_it_is_given(kind, tmp_path):
+    """sentence-transformers' pattern: a loss object per file, built once with its options; `RankingTrainer` takes
+    it as `loss=` (or its name, as before) and keeps that object for every step."""
+    from architectures import BY_NAME, cpu_training_args, make_models
+
+    from stable_models import RankingTrainer
+    from stable_models.losses import RANKING_LOSS_CLASSES, GroupLoss
+
+    scores, teacher = scores_and_teacher()
+    loss_class = RANKING_LOSS_CLASSES[kind]
+    loss = loss_class(0.5) if loss_class.takes_temperature else loss_class()
+    assert isinstance(loss, GroupLoss) and loss.name == kind
+    expected = ranking_loss(scores, RELEVANCE, SIZES, kind, 0.5 if loss.takes_temperature else 1.0, teacher)
+    torch.testing.assert_close(loss.of_scores(scores, RELEVANCE, SIZES, teacher), expected, rtol=0, atol=0)
+    model, _ = make_models(BY_NAME["qwen2"], num_labels=1)
+    trainer = RankingTrainer(model=model, args=cpu_training_args(tmp_path), loss=loss)
+    assert trainer.loss is loss
+    named = RankingTrainer(model=model, args=cpu_training_args(tmp_path), loss=kind, temperature=0.5)
+    assert type(named.loss) is loss_class

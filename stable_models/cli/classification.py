@@ -8,8 +8,9 @@ from functools import partial
 
 import torch
 
+from ..evaluators import ClassificationEvaluator
 from ..labels import encode_labels
-from ..metrics import classification_metrics, probabilities
+from ..metrics import probabilities
 from .classification_data import (
     check_known_labels,
     checked_problem_type,
@@ -28,7 +29,6 @@ from .task_steps import (
     Options,
     Task,
     TrainingData,
-    float_metrics,
     held_out,
     keep_trained_length,
     read_in,
@@ -149,13 +149,7 @@ class Classification(Task):
         return ModelInputs(inner, ("input_ids", "labels"))
 
     def compute_metrics(self, data: TrainingData):
-        def compute(prediction) -> dict:
-            report = classification_metrics(
-                torch.as_tensor(prediction.predictions), prediction.label_ids, data.problem_type, data.names
-            )
-            return float_metrics(report)
-
-        return compute
+        return ClassificationEvaluator(data.names, data.problem_type).compute_metrics
 
     def preflight_examples(self, data, train_set) -> tuple:
         """The first 32 rows' token ids and labels (the pre-flight takes a few of them)."""
@@ -201,19 +195,16 @@ class Classification(Task):
         problem_type, names = scoring.problem_type, scoring.names
         logits = scores[:, 0]
         targets = encode_labels(table[options.label_key], problem_type, scoring.label2id, options.data)
+        evaluator = ClassificationEvaluator(names, problem_type, scoring.thresholds)
         report = {
             "task": self.name,
             "problem_type": problem_type,
             "labels": names,
-            **classification_metrics(logits, targets, problem_type, names, scoring.thresholds),
+            **evaluator(logits, targets),
         }
         if options.calibrate:
             report["calibration"], logits = calibrate_logits(model, logits, targets, problem_type)
-            report.update(
-                classification_metrics(
-                    logits, targets, problem_type, names, getattr(model.config, "multi_label_thresholds", None)
-                )
-            )
+            report.update(evaluator(logits, targets, getattr(model.config, "multi_label_thresholds", None)))
         draw = partial(plot_classification, report, problem_type, names, logits, targets)
         return Evaluation(report, draw, report_text, "temperature")
 

@@ -8,7 +8,7 @@ from functools import partial
 
 import torch
 
-from ..metrics import pairwise_metrics
+from ..evaluators import PairwiseEvaluator
 from ..modeling_files import REWARD_MODEL, model_kind
 from .data import column_max, require_column
 from .errors import CliError
@@ -31,7 +31,6 @@ from .task_steps import (
     Task,
     TrainingData,
     copied_rows,
-    float_metrics,
     held_out,
     keep_trained_length,
     read_in,
@@ -141,10 +140,12 @@ class Preference(Task):
         return PairwiseTrainer
 
     def trainer_options(self, options, data, eval_set) -> dict:
-        return {"center_rewards": options.center_rewards}
+        from ..losses import BradleyTerryLoss
+
+        return {"loss": BradleyTerryLoss(options.center_rewards)}
 
     def compute_metrics(self, data):
-        return compute_pair_metrics
+        return PairwiseEvaluator().compute_metrics
 
     def best_metric(self, data):
         return "accuracy", True
@@ -214,10 +215,11 @@ class Preference(Task):
         rewards = scores[:, :, 0].double()
         chosen, rejected = rewards[:, 0], rewards[:, 1]
         subsets = table["subset"] if scoring.layout.subset else None
-        report = {"task": self.name, **pairwise_metrics(chosen, rejected, subsets)}
+        evaluator = PairwiseEvaluator(subsets)
+        report = {"task": self.name, **evaluator(chosen, rejected)}
         if options.calibrate:
             fitted, chosen, rejected = calibrate_pairwise(model, chosen, rejected, [1] * len(chosen))
-            report.update(pairwise_metrics(chosen, rejected, subsets))
+            report.update(evaluator(chosen, rejected))
             report["calibration"] = fitted
         draw = partial(plot_rewards, report, chosen, rejected)
         return Evaluation(report, draw, report_text, "Bradley-Terry temperature")
@@ -277,12 +279,6 @@ def rendering(layout, tokenizer) -> str:
     if layout.conversational:
         return f"conversations through {template_summary(tokenizer)}"
     return f"prompt + response texts, eos {tokenizer.eos_token!r} appended (as TRL's RewardTrainer)"
-
-
-def compute_pair_metrics(prediction) -> dict:
-    """Trainer's evaluation: one row (r_chosen, r_rejected) per pair (PairwiseTrainer.prediction_step)."""
-    rewards = torch.as_tensor(prediction.predictions).double()
-    return float_metrics(pairwise_metrics(rewards[:, 0], rewards[:, 1]))
 
 
 def report_text(report) -> str:

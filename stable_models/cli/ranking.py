@@ -13,7 +13,7 @@ from itertools import groupby
 
 import torch
 
-from ..metrics import ranking_metrics
+from ..evaluators import RankingEvaluator
 from ..modeling_files import RERANKER, model_kind
 from .data import check_texts, column_max, require_column
 from .errors import CliError
@@ -214,10 +214,13 @@ class Ranking(Task):
 
     def trainer_options(self, options, data, eval_set) -> dict:
         widest = max((len(ids) for ids in eval_set["relevance"]), default=1)
-        return {"loss": loss_kind(options, data), "temperature": options.temperature or 1.0, "group_width": widest}
+        from ..losses import ranking_loss_named
+
+        loss = ranking_loss_named(loss_kind(options, data), options.temperature or 1.0)
+        return {"loss": loss, "group_width": widest}
 
     def compute_metrics(self, data):
-        return compute_group_metrics
+        return RankingEvaluator().compute_metrics
 
     def best_metric(self, data):
         return "ndcg@10", True
@@ -280,8 +283,9 @@ class Ranking(Task):
         groups = table["group"]
         sizes = [len(list(run)) for _, run in groupby(groups)]  # exploded groups are contiguous
         relevance = torch.tensor(table["relevance"], dtype=torch.float64)
-        ours = ranking_metrics(scores, relevance, sizes)
-        first_stage = ranking_metrics(-torch.tensor(table["position"], dtype=torch.float64), relevance, sizes)
+        evaluator = RankingEvaluator()
+        ours = evaluator(scores, relevance, sizes)
+        first_stage = evaluator(-torch.tensor(table["position"], dtype=torch.float64), relevance, sizes)
         report = {
             "task": self.name,
             **{k: ours[k] for k in (*METRIC_KEYS, "queries")},
@@ -384,16 +388,6 @@ def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_fil
         if model.score.bias is not None:
             model.score.bias.zero_()
     del lm
-
-
-def compute_group_metrics(prediction) -> dict:
-    """Trainer's evaluation: one row per group (RankingTrainer.prediction_step), padded with NaN / -100."""
-    logits = torch.as_tensor(prediction.predictions).double()
-    labels = torch.as_tensor(prediction.label_ids).double()
-    valid = labels >= 0
-    sizes = valid.sum(-1).tolist()
-    report = ranking_metrics(logits[valid], labels[valid], sizes)
-    return {k: v for k, v in report.items() if isinstance(v, float)}
 
 
 def report_text(report) -> str:

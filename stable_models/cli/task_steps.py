@@ -34,11 +34,6 @@ def held_out(options, train_rows, read_eval):
     return *split_eval(train_rows, options.eval_fraction, options.seed, options.train), None
 
 
-def float_metrics(report: dict) -> dict:
-    """The numbers of a report that Trainer logs (lists and tables stay in report.json)."""
-    return {k: v for k, v in report.items() if isinstance(v, float)}
-
-
 def copied_rows(batch: dict, columns) -> list[dict]:
     """predict's rows begin as the input's `columns` (those the batch has), in order."""
     present = [c for c in columns if c in batch]
