@@ -1,12 +1,17 @@
-"""Scoring token ids with a classifier in eval mode: batches of similar length (less padding, the same logits, since a
-Stable model's logits do not depend on padding), returned in the caller's order.
+"""Scoring token ids with a Stable model in eval mode: batches of similar length (less padding, the same logits, since
+a Stable model's outputs do not depend on padding), returned in the caller's order. `scores` picks what is scored out
+of the forward's output (a classifier's logits by default; a model kind's `scores`).
 """
 
 import torch
 
 
+def classifier_logits(output):
+    return output.logits
+
+
 @torch.no_grad()
-def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None):
+def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None, scores=classifier_logits):
     """Logits of token-id lists in their order, computed on batches of similar length (less padding, same logits)."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
     logits = [None] * len(ids)
@@ -14,7 +19,7 @@ def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None):
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
         batch = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
-        out = model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu()
+        out = scores(model(**{k: v.to(device) for k, v in batch.items()})).float().cpu()
         for row, i in enumerate(chosen):
             logits[i] = out[row]
         if progress is not None:
@@ -26,7 +31,9 @@ SHARED_PREFIX_MIN_TOKENS = 8  # consecutive lists that start alike for fewer tok
 
 
 @torch.no_grad()
-def logits_with_shared_prefixes(model, ids, batch_size=16, pad_token_id=0, progress=None, unit_tokens=1024):
+def logits_with_shared_prefixes(
+    model, ids, batch_size=16, pad_token_id=0, progress=None, unit_tokens=1024, scores=classifier_logits
+):
     """Logits of token-id lists in their order, from packed rows without padding in which consecutive lists that start
     alike (a reranker's documents of one query: the template's head and the query) compute that start once. For models
     that take such rows (`stable_models.modeling_rules.shared_prefix_obstacle` is None); every list gets the logits
@@ -51,7 +58,7 @@ def logits_with_shared_prefixes(model, ids, batch_size=16, pad_token_id=0, progr
             count += len(unit[2])
         if batch and (unit is None or count >= batch_size):
             inputs = collator.rows_of(batch, [{}] * count)
-            logits.append(model(**{k: v.to(device) for k, v in inputs.items()}).logits.float().cpu())
+            logits.append(scores(model(**{k: v.to(device) for k, v in inputs.items()})).float().cpu())
             if progress is not None:
                 progress.update(count)
             batch, count = [], 0

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, Trainer
 import stable_models
 from stable_models.cli import commands
 from stable_models.cli.fine_tuning import EVAL_SHARE, evaluation_cadence, with_adapters
+from stable_models.model_kinds import PREFLIGHT_EXAMPLES, SEQUENCE_CLASSIFIER
 
 datasets = pytest.importorskip("datasets")
 
@@ -55,11 +56,11 @@ def candidates(count=12):
 def test_the_preflight_keeps_each_check(model, refusal, capsys):
     tokenizer = qwen2_like()
     if refusal is None:
-        commands.preflight(model, tokenizer, candidates(), "m")
+        commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
         assert "[train] pre-flight ok" in capsys.readouterr().err
     else:
         with pytest.raises(SystemExit, match=f"pre-flight check failed: {refusal}.*doctor --model m"):
-            commands.preflight(model, tokenizer, candidates(), "m")
+            commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
     assert model.training and model.weight.grad is None  # left as it was
 
 
@@ -69,7 +70,7 @@ def test_the_preflight_is_one_step_on_the_model_as_it_trains(base):  # noqa: F81
     through every weight and 11 forwards."""
     model = stable_models.from_pretrained(base, num_labels=2, dtype=torch.float32)
     options = SimpleNamespace(full=False, qlora=False, lora_target=None, lora_r=4, lora_dropout=0.0)
-    model = with_adapters(model, options)
+    model = with_adapters(model, options, SEQUENCE_CLASSIFIER)
     tokenizer = AutoTokenizer.from_pretrained(base)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     seen, gradients = [], set()
@@ -82,14 +83,12 @@ def test_the_preflight_is_one_step_on_the_model_as_it_trains(base):  # noqa: F81
         if p.requires_grad
     ]
     ids = [tokenizer(row["text"])["input_ids"] for row in rows("string", 16)]
-    commands.preflight(model, tokenizer, (ids, [i % 2 for i in range(16)], torch.long), base)
+    commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, (ids, [i % 2 for i in range(16)], torch.long), base)
     handle.remove()
     for hook in hooks:
         hook.remove()
-    assert [(shape[0], grad) for shape, grad in seen] == [(commands.PREFLIGHT_EXAMPLES, True)] + [
-        (commands.PREFLIGHT_EXAMPLES, False)
-    ]
-    shortest = sorted({len(i) for i in ids})[: commands.PREFLIGHT_EXAMPLES]
+    assert [(shape[0], grad) for shape, grad in seen] == [(PREFLIGHT_EXAMPLES, True)] + [(PREFLIGHT_EXAMPLES, False)]
+    shortest = sorted({len(i) for i in ids})[:PREFLIGHT_EXAMPLES]
     assert seen[0][0][1] == max(shortest)  # the shortest examples, of different lengths
     assert gradients and all("lora_" in name or "score" in name for name in gradients)
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())

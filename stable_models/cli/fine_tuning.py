@@ -29,11 +29,10 @@ def decoder_layer_linears(model) -> list[str]:
     return sorted(names)
 
 
-def load_base_model(args, load: dict, dtype: str):
-    """The Stable classifier on --model: fp32, or 4-bit base weights with --qlora; a GGUF file dequantized."""
+def load_base_model(args, load: dict, dtype: str, kind):
+    """The task's kind of model (`model_kinds`) on --model: fp32, or 4-bit base weights with --qlora; a GGUF file
+    dequantized."""
     import transformers
-
-    from ..loading import from_pretrained
 
     quantized = dict(load)
     if args.qlora:
@@ -43,7 +42,7 @@ def load_base_model(args, load: dict, dtype: str):
         )
         quantized["device_map"] = "auto" if torch.cuda.is_available() else "cpu"
     try:
-        model = from_pretrained(args.model, **quantized)
+        model = kind.load(args.model, **quantized)
     except ValueError as error:
         raise CliError(f"--model {args.model}: {str(error).splitlines()[0]}") from None
     if args.gguf_file:  # dequantized on load: a plain fp32 model, saved without GGUF quantization settings
@@ -63,8 +62,9 @@ def keep_4bit_weights_trainable(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def with_adapters(model, args):
-    """LoRA on every linear layer of the decoder layers (after k-bit preparation with --qlora); --full: unchanged."""
+def with_adapters(model, args, kind):
+    """LoRA on every linear layer of the decoder layers (after k-bit preparation with --qlora), with the peft task type
+    that keeps the kind's head trainable; --full: unchanged."""
     if args.full:
         return model
     from peft import LoraConfig, get_peft_model
@@ -75,7 +75,7 @@ def with_adapters(model, args):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = [name.strip() for name in args.lora_target.split(",")] if args.lora_target else None
     lora = LoraConfig(
-        task_type="SEQ_CLS",
+        task_type=kind.lora_task_type,
         r=args.lora_r,
         lora_alpha=2 * args.lora_r,
         lora_dropout=args.lora_dropout,
@@ -292,16 +292,14 @@ def make_trainer(training, model, tokenizer, data, train_set, eval_set, args):
     )
 
 
-def merged_model(model, args, load: dict, tokenizer, checkpoints: Path):
+def merged_model(model, args, load: dict, tokenizer, checkpoints: Path, kind):
     """The trained model as one plain checkpoint: LoRA merged into the base; with --qlora merged into the
     full-precision base, not into 4-bit weights."""
     if args.qlora:
         from peft import PeftModel
 
-        from ..loading import from_pretrained
-
         model.save_pretrained(checkpoints / "adapter")
-        base = from_pretrained(args.model, **load)
+        base = kind.load(args.model, **load)
         if len(tokenizer) > base.get_input_embeddings().num_embeddings:  # setup_pad_token added a pad row
             base.resize_token_embeddings(len(tokenizer))  # (peft saved the resized embeddings with the adapter)
         base.config.pad_token_id = tokenizer.pad_token_id

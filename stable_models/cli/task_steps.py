@@ -4,6 +4,7 @@ once: the held-out eval split, the length limits, the metrics Trainer logs, pred
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from ..model_kinds import SEQUENCE_CLASSIFIER
 from .data import read_table, split_eval
 
 LENGTH_UNLIMITED = 10**9
@@ -135,6 +136,7 @@ class Task:
     kind = ""  # what its models are, in messages ("classifiers")
     noun = "examples"  # what one training row is, in messages
     Options = Options  # the options dataclass this task parses the command line into (its `read_in` fields)
+    model_kind = SEQUENCE_CLASSIFIER  # what it trains and scores (stable_models.model_kinds): loading, LoRA, scores
     summary_keys = ("loss",)  # the final eval metrics train prints
     # the token-id columns of the tokenized training table (each a list of ids, or of lists of ids); with the `length`
     # column every task's table has (its tokens per example), what the evaluation cadence reads
