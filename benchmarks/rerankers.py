@@ -287,12 +287,12 @@ def scores_ours_untrained(args, template, rows) -> list[float]:
     from transformers import AutoTokenizer
 
     import stable_models
-    from stable_models.cli.ranking import init_score_from_tokens
+    from stable_models.cli.ranking import causal_lm, init_score_from_tokens
 
     folder = args.work / "untrained"
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     model = stable_models.from_pretrained(args.base, num_labels=1, id2label={0: "score"}, label2id={"score": 0})
-    init_score_from_tokens(model, str(args.base), tokenizer, "yes", "no")
+    init_score_from_tokens(model, causal_lm(str(args.base)), tokenizer, "yes", "no")
     model.config.reranker_template = template
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -63,8 +63,10 @@ def from_pretrained(pretrained_model_name_or_path, *, merge: bool = True, **kwar
         refuse_generative(path)
         if folder_form(path) == ADAPTER:
             return from_adapter_folder(path, merge=merge, **kwargs)
-    where = {key: kwargs[key] for key in ("gguf_file", "subfolder", "revision") if kwargs.get(key)}
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False, **where)
+    config = kwargs.get("config")  # a config the caller read already is not read again
+    if config is None:
+        where = {key: kwargs[key] for key in ("gguf_file", "subfolder", "revision") if kwargs.get(key)}
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False, **where)
     return stable_class_for(config.model_type).from_pretrained(path, **kwargs)
 
 

@@ -210,8 +210,8 @@ def test_init_from_tokens_gives_the_lms_log_odds(base, tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = stable_models.from_pretrained(base, num_labels=1).eval()
-    init_score_from_tokens(model, str(base), tokenizer, "great", "bad")
     lm = AutoModelForCausalLM.from_pretrained(base).eval()
+    init_score_from_tokens(model, lm, tokenizer, "great", "bad")
     yes, no = (
         tokenizer("great", add_special_tokens=False)["input_ids"][0],
         tokenizer("bad", add_special_tokens=False)["input_ids"][0],

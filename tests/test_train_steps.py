@@ -15,7 +15,7 @@ from tiny_tokenizers import qwen2_like
 from transformers import AutoTokenizer, Trainer
 
 import stable_models
-from stable_models.cli import commands
+from stable_models.cli import preflight
 from stable_models.cli.fine_tuning import EVAL_SHARE, evaluation_cadence, with_adapters
 from stable_models.model_kinds import PREFLIGHT_EXAMPLES, SEQUENCE_CLASSIFIER
 
@@ -56,11 +56,11 @@ def candidates(count=12):
 def test_the_preflight_keeps_each_check(model, refusal, capsys):
     tokenizer = qwen2_like()
     if refusal is None:
-        commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
+        preflight.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
         assert "[train] pre-flight ok" in capsys.readouterr().err
     else:
         with pytest.raises(SystemExit, match=f"pre-flight check failed: {refusal}.*doctor --model m"):
-            commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
+            preflight.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, candidates(), "m")
     assert model.training and model.weight.grad is None  # left as it was
 
 
@@ -83,7 +83,7 @@ def test_the_preflight_is_one_step_on_the_model_as_it_trains(base):  # noqa: F81
         if p.requires_grad
     ]
     ids = [tokenizer(row["text"])["input_ids"] for row in rows("string", 16)]
-    commands.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, (ids, [i % 2 for i in range(16)], torch.long), base)
+    preflight.preflight(SEQUENCE_CLASSIFIER, model, tokenizer, (ids, [i % 2 for i in range(16)], torch.long), base)
     handle.remove()
     for hook in hooks:
         hook.remove()

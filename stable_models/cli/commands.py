@@ -1,7 +1,8 @@
 """`stable-models train | evaluate | predict`: each command is one sequence of named steps that asks the task
-(tasks.py: classification, preference, ranking) what differs, and never branches on the task's name. data.py reads and
-checks files, fine_tuning.py builds the model, adapters and Trainer, engines.py and sharded_scores.py score rows,
-outputs.py writes results.
+(tasks.py: classification, preference, ranking) and its model kind what differs, and never branches on the task's
+name. folders.py checks --model and --output, data.py reads and checks files, fine_tuning.py builds the model, adapters
+and Trainer, preflight.py checks the model before step 1, engines.py and sharded_scores.py score rows, outputs.py
+writes results.
 """
 
 import json
@@ -14,12 +15,13 @@ import torch
 from ..adapters import save_adapter
 from ..modeling_files import ADAPTER, MERGED, folder_form
 from .data import CutCount, read_table
-from .distributed import Job, output_lock, refuse_if_locked
+from .distributed import Job, output_lock
 from .engines import ENGINES, load_model, torch_engine
 from .errors import CliError
 from .fine_tuning import (
     best_evaluation,
     evaluation_cadence,
+    fast_dtype,
     load_base_model,
     make_trainer,
     merged_model,
@@ -27,124 +29,19 @@ from .fine_tuning import (
     with_adapters,
     zero3_gathered,
 )
+from .folders import (
+    check_model_path,
+    check_output_dir,
+    check_prediction_file,
+    config_and_tokenizer,
+    load_tokenizer,
+    task_of_folder,
+)
 from .outputs import PredictionWriter, write_evaluation
+from .preflight import find_unused_parameters, preflight
 from .sharded_scores import gathered_scores, scored_batches
 from .task_steps import TrainingData, length_limit
-from .tasks import for_model, for_training, refuse_unread, task_named
-
-
-def fast_dtype() -> str:
-    """bf16 where its matmuls are fast (CUDA with bf16, CPUs with AVX512-BF16 / AMX), else fp32: on an AVX2-only CPU a
-    bf16 matmul is ~95x slower than fp32."""
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "fp32"
-    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
-
-
-def check_model_path(model: str, gguf_file: str | None) -> None:
-    path = Path(model)
-    if path.is_file() and path.suffix == ".gguf":
-        raise CliError(f"--model {model} is a GGUF file: pass its folder as --model and the name as --gguf-file")
-    if path.exists() and not path.is_dir():
-        raise CliError(f"--model {model}: not a checkpoint folder")
-    if path.is_dir() and folder_form(path) == MERGED:
-        wanted = path / gguf_file if gguf_file else path / "config.json"
-        if not wanted.is_file():
-            raise CliError(
-                f"--model {model}: not a checkpoint (no {wanted.name}); point at a folder from save_pretrained"
-            )
-
-
-def load_tokenizer(model: str, gguf_file=None):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model, **({"gguf_file": gguf_file} if gguf_file else {}))
-    except (OSError, ValueError) as error:
-        raise CliError(f"--model {model}: no tokenizer could be loaded ({str(error).splitlines()[0]})") from None
-
-
-def model_config(model: str):
-    """The config of a folder `train` saved, of any form (an adapter's stable_config.json), checked; a generative
-    folder is refused with the loader that loads it (stable_models.loading)."""
-    from ..loading import folder_config
-
-    check_model_path(model, None)
-    if not Path(model).is_dir():
-        raise CliError(f"--model {model}: no such folder")
-    try:
-        return folder_config(model)
-    except (OSError, ValueError, KeyError) as error:
-        raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
-
-
-def task_of_folder(config, model: str):
-    """The task a saved folder was trained for (its config says), whose model kind checks that it is a trained
-    folder of that kind (a merged folder: not a base causal LM)."""
-    task = for_model(config)
-    if folder_form(model) == MERGED:
-        try:
-            task.model_kind.check_trained(config)
-        except ValueError as error:
-            raise CliError(f"--model {model}: {error}") from None
-    return task
-
-
-def config_and_tokenizer(model: str):
-    """A saved folder's config (checked) and tokenizer, without its weights: enough to read, check and render the
-    data, so a bad row stops evaluate and predict before the weights load."""
-    from ..tokenization import setup_pad_token
-
-    config, tokenizer = model_config(model), load_tokenizer(model)
-    if tokenizer.pad_token_id is None:
-        setup_pad_token(tokenizer)
-    return config, tokenizer
-
-
-def check_output_dir(output: Path, overwrite: bool, resume: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise CliError(f"--output {output} is a file; give a directory")
-    if output.is_dir():
-        refuse_if_locked(output)
-    if output.is_dir() and any(output.iterdir()) and not (overwrite or resume):
-        raise CliError(f"--output {output} exists and is not empty; pass --overwrite, --resume, or another directory")
-
-
-def preflight(kind, model, tokenizer, candidates, folder) -> list[str]:
-    """The model kind's numerics check (`ModelKind.preflight`, the doctor's for classifiers) at the cost of about one
-    training step, on the model as it will train (LoRA attached). Stops with the doctor's advice when a check fails;
-    leaves the weights and gradients as they were. Returns the trainable parameters that got no gradient (DDP must
-    then look for unused parameters)."""
-    found = kind.preflight(model, tokenizer, candidates)
-    if found.problems:
-        raise SystemExit(
-            f"stable-models: the pre-flight check failed: {next(iter(found.problems.values()))}. `python -m "
-            f"stable_models doctor --model {folder}` gives the full report."
-        )
-    print(
-        f"[train] pre-flight ok: finite, padding changes {kind.scores_noun} by {found.padding_error:.1e}",
-        file=sys.stderr,
-    )
-    return found.unused
-
-
-def find_unused_parameters(model, unused: list[str], job) -> bool:
-    """DDP's find_unused_parameters (an extra walk of the autograd graph every step) only where a model needs it:
-    a trainable parameter got no gradient in the pre-flight, or the model routes tokens to experts (a batch may
-    leave one unused)."""
-    config = model.config.get_text_config()
-    experts = max(value if isinstance(value := getattr(config, key, None), int) else 0 for key in EXPERT_COUNTS)
-    if job.world > 1 and (unused or experts > 1):
-        reason = f"{len(unused)} trainable tensor(s) got no gradient" if unused else f"{experts} routed experts"
-        job.say(f"[train] DDP looks for unused parameters every step: {reason}", file=sys.stderr)
-    return bool(unused) or experts > 1
-
-
-EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # config names in use
+from .tasks import for_training, refuse_unread, task_named
 
 
 def read_training_data(args, say=print) -> TrainingData:
@@ -197,7 +94,7 @@ def save_trained(args, data: TrainingData, model, load, tokenizer, output: Path,
     else:
         model = merged_model(model, args, load, tokenizer, output / "checkpoints", data.task.model_kind)
         summary = write_training_outputs(model, tokenizer, output, history, final)
-        data.task.save_more(data.options, model, tokenizer, output, say)
+        data.task.save_more(data.options, data, model, tokenizer, output, say)
         config, cells = model.config, None
     metrics = {k: v for k, v in summary.items() if k in data.task.summary_keys}
     record = data_record(args.train, len(data.train))
@@ -259,7 +156,7 @@ def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, toke
     model = load_base_model(args, load, dtype, task.model_kind)
     setup_pad_token(tokenizer, model)
     task.prepare(data.options, data, tokenizer, job.say)
-    task.prepare_model(data.options, model, tokenizer, job.say)
+    task.prepare_model(data.options, data, model, tokenizer, job.say)
     limit = length_limit(args, model)
     train_set, eval_set = job.main_first(lambda: task.tokenize(data.options, tokenizer, limit, data, job.say))
     job.say(
@@ -336,7 +233,7 @@ def evaluate(args) -> int:
     table = job.main_first(lambda: read_table(args.data, args.encoding))
     scoring = job.on_main(lambda: task.evaluation_input(options, table, config, tokenizer, job.say))
     table = job.main_first(lambda: task.scored_table(options, table, scoring))
-    model = load_model(task.model_kind, args.model, job.device)
+    model = load_model(task.model_kind, args.model, job.device, config)
     cuts = CutCount()
     render = task.render(scoring, tokenizer, options, cuts)
     engine = torch_engine(task.model_kind, model, tokenizer, args.batch_size)  # --calibrate folds into this model
@@ -365,7 +262,7 @@ def predict(args) -> int:
     table = job.main_first(lambda: task.scored_table(options, table, scoring))
     if job.is_main:
         output.parent.mkdir(parents=True, exist_ok=True)
-    engine = load_engine(args, job, tokenizer, task.model_kind)
+    engine = load_engine(args, job, tokenizer, task.model_kind, config)
     job.barrier()
     columns = task.prediction_columns(scoring, config, options)
     writer = PredictionWriter(output, job, columns, task.ranked_by(scoring, options), args.top_k, task.csv_prefixes)
@@ -382,10 +279,3 @@ def predict(args) -> int:
     job.say(f"predict: {len(table)} rows -> {output}")
     job.leave()
     return 0
-
-
-def check_prediction_file(output: Path, overwrite: bool) -> None:
-    if output.suffix not in (".jsonl", ".csv", ".parquet"):
-        raise CliError(f"--output {output}: use a .jsonl, .csv or .parquet file")
-    if output.exists() and not overwrite:
-        raise CliError(f"--output {output} exists; pass --overwrite or another file")

@@ -18,11 +18,13 @@ from ..modeling_files import ADAPTER, folder_form
 from .errors import CliError
 
 
-def load_model(kind, model: str, device=None):
+def load_model(kind, model: str, device=None, config=None):
     """A saved folder's model (of the task's kind) in fp32, eval mode, on `device` (default: the CPU); an adapter
-    folder's base with the adapter merged."""
+    folder's base with the adapter merged. `config`: the folder's, read already (a merged folder's is not read
+    again)."""
+    reuse = {"config": config} if config is not None and folder_form(model) != ADAPTER else {}
     try:
-        loaded = kind.load(model, dtype=torch.float32)
+        loaded = kind.load(model, dtype=torch.float32, **reuse)
     except (OSError, ValueError, TypeError) as error:
         raise CliError(f"--model {model}: {str(error).splitlines()[0]}") from None
     return loaded.to(device or "cpu").eval()
@@ -85,11 +87,11 @@ def refuse_vllm(args, job) -> None:
         )
 
 
-def load_torch(args, job, tokenizer, kind):
-    return torch_engine(kind, load_model(kind, args.model, job.device), tokenizer, args.batch_size)
+def load_torch(args, job, tokenizer, kind, config):
+    return torch_engine(kind, load_model(kind, args.model, job.device, config), tokenizer, args.batch_size)
 
 
-def load_vllm_engine(args, job, tokenizer, kind):
+def load_vllm_engine(args, job, tokenizer, kind, config):
     llm = load_vllm(
         args.model, args.tensor_parallel_size, args.data_parallel_size, args.vllm_dtype, args.gpu_memory_utilization
     )

@@ -55,12 +55,13 @@ class QueryDocuments:
     limit: int  # the trained length, and never more than the model's positions
     pointwise_rows: bool  # predict on pointwise rows: scored as they are, ranked within --group-key (or query)
     group_key: str | None
+    need_positive: bool  # evaluate: every group has a relevant document
 
     @classmethod
-    def of(cls, layout, config, tokenizer, pointwise_rows: bool, group_key=None) -> "QueryDocuments":
+    def of(cls, layout, config, tokenizer, pointwise_rows: bool, group_key=None, need_positive=False):
         limit = min(tokenizer.model_max_length, positions(config))
         instruction = getattr(config, "reranker_instruction", None)
-        return cls(layout, config.reranker_template, instruction, limit, pointwise_rows, group_key)
+        return cls(layout, config.reranker_template, instruction, limit, pointwise_rows, group_key, need_positive)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Ranking(Task):
             file=sys.stderr,
         )
 
-    def prepare_model(self, options, model, tokenizer, say) -> None:
+    def prepare_model(self, options, data, model, tokenizer, say) -> None:
         """--init-from-tokens YES NO: the score head becomes W_lm[YES] - W_lm[NO], so the untrained reranker gives
         the causal LM's own log-odds of YES over NO at the last position (ms-swift's generative reranker, vLLM's
         from_2_way_softmax). The config keeps the template, and the tokenizer carries it as a chat template, so
@@ -147,7 +148,11 @@ class Ranking(Task):
                 )
         if options.init_from_tokens:
             yes, no = options.init_from_tokens
-            init_score_from_tokens(model, options.model, tokenizer, yes, no, options.gguf_file)
+            lm = causal_lm(options.model, options.gguf_file)  # loaded once: the score's init and the generative head
+            init_score_from_tokens(model, lm, tokenizer, yes, no)
+            if options.save_generative:
+                data.prepared["lm_head"] = untied_head(lm)
+            del lm
             say(f"[train] score head = W_lm[{yes!r}] - W_lm[{no!r}] (the LM's log-odds)", file=sys.stderr)
         if not options.no_packing:
             from ..modeling_rules import shared_prefix_obstacle
@@ -156,15 +161,14 @@ class Ranking(Task):
             said = "computed once per group" if why is None else f"computed per document: {why}"
             say(f"[train] the tokens a group's documents start with (template head, query): {said}", file=sys.stderr)
 
-    def save_more(self, options, model, tokenizer, output, say) -> None:
+    def save_more(self, options, data, model, tokenizer, output, say) -> None:
         """--save-generative: OUTPUT/generative, the reranker as a plain causal LM (stable_models.generative)."""
         if not options.save_generative:
             return
         from ..generative import save_generative
 
         yes, no = options.init_from_tokens
-        head = base_lm_head(options.model, options.gguf_file)
-        how = save_generative(model, tokenizer, output / "generative", yes, no, head)
+        how = save_generative(model, tokenizer, output / "generative", yes, no, data.prepared.get("lm_head"))
         say(
             f"[train] generative form: {output / 'generative'} (a causal LM: {how['score']}; vLLM: hf_overrides="
             f"{json.dumps(how['vllm_hf_overrides'])}; sentence-transformers: CrossEncoder(folder))",
@@ -235,14 +239,12 @@ class Ranking(Task):
 
     # --- evaluate and predict
     def evaluation_input(self, options, table, config, tokenizer, say) -> QueryDocuments:
-        layout = require_layout(table, options, options.data)
-        read_groups(table, layout, options, options.data, need_positive=True)
-        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
+        layout = require_layout(table, options, options.data)  # the groups are read and checked once: scored_table
+        return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False, need_positive=True)
 
     def prediction_input(self, options, table, config, tokenizer, say) -> QueryDocuments:
         layout = require_layout(table, options, options.data)
-        if layout.kind != "pointwise":
-            read_groups(table, layout, options, options.data, need_positive=False)
+        if layout.kind != "pointwise":  # the groups are read and checked once: scored_table
             return QueryDocuments.of(layout, config, tokenizer, pointwise_rows=False)
         check_texts(table, options.data, "query", "document")
         if options.group_key:
@@ -252,9 +254,8 @@ class Ranking(Task):
     def scored_table(self, options, table, scoring: QueryDocuments):
         if scoring.pointwise_rows:
             return table
-        return explode(
-            read_groups(table, scoring.layout, options, options.data, checked=False)
-        )  # the input step checked
+        groups = read_groups(table, scoring.layout, options, options.data, need_positive=scoring.need_positive)
+        return explode(groups)  # before the weights load: a bad group stops the command first
 
     def scored_columns(self, scoring: QueryDocuments, options) -> list[str]:
         if scoring.pointwise_rows:
@@ -366,14 +367,13 @@ def causal_lm(folder, gguf_file=None):
         raise CliError(f"--init-from-tokens: {folder} has no causal LM head ({str(error).splitlines()[0]})") from None
 
 
-def base_lm_head(folder, gguf_file=None):
+def untied_head(lm):
     """The base causal LM's output embeddings where it does not tie them to its input embeddings, else None."""
-    lm = causal_lm(folder, gguf_file)
     head, embeddings = lm.get_output_embeddings().weight, lm.get_input_embeddings().weight
     return None if head.data_ptr() == embeddings.data_ptr() else head.detach().float().clone()
 
 
-def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_file=None) -> None:
+def init_score_from_tokens(model, lm, tokenizer, yes: str, no: str) -> None:
     """score.weight = W_lm[yes] - W_lm[no] (bias 0), from the causal LM's output embeddings (tied or not)."""
     from ..generative import token_id
 
@@ -381,13 +381,11 @@ def init_score_from_tokens(model, folder, tokenizer, yes: str, no: str, gguf_fil
         ids = [token_id(tokenizer, token) for token in (yes, no)]
     except ValueError as error:
         raise CliError(f"--init-from-tokens: {error}") from None
-    lm = causal_lm(folder, gguf_file)
     head = lm.get_output_embeddings().weight.detach().float()
     with torch.no_grad():
         model.score.weight.copy_((head[ids[0]] - head[ids[1]]).reshape(model.score.weight.shape))
         if model.score.bias is not None:
             model.score.bias.zero_()
-    del lm
 
 
 def report_text(report) -> str:

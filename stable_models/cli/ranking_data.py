@@ -14,6 +14,7 @@ text pair, Qwen3-Reranker's instruction format, or the user's own; an over-long 
 the query or the template.
 """
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -159,9 +160,8 @@ def check_shapes(table, layout: RankingLayout, path) -> None:
                 raise CliError(f"{path}: {column!r} holds {words} per row; row {start + bad + 1} holds {shown}")
 
 
-def read_groups(table, layout: RankingLayout, options, path, need_positive=True, checked=True):
-    """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise.
-    `checked=False` skips the group checks, for a table a first call has checked."""
+def read_groups(table, layout: RankingLayout, options, path, need_positive=True):
+    """The table as checked query groups (see the module's docstring); one line naming the first bad row otherwise."""
     if layout.kind == "pointwise":
         groups = pointwise_groups(table, options, path)
     else:
@@ -176,8 +176,7 @@ def read_groups(table, layout: RankingLayout, options, path, need_positive=True,
                 fn_kwargs={"layout": layout},
                 desc="grouping",
             )
-    if checked:
-        check_groups(groups, path, need_positive, layout)
+    check_groups(groups, path, need_positive, layout)
     return groups
 
 
@@ -275,8 +274,9 @@ def explode(groups):
         return groups.map(rows, batched=True, with_indices=True, remove_columns=groups.column_names)
 
 
+@functools.cache
 def template_of(text: str, instruction: str | None) -> RerankTemplate:
-    """The library's `RerankTemplate`, with a bad --template as one line."""
+    """The library's `RerankTemplate` (built once per text and instruction), with a bad --template as one line."""
     try:
         return RerankTemplate(text, instruction)
     except ValueError as error:

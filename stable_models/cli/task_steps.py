@@ -91,6 +91,7 @@ class TrainingData:
     names: list  # the model's outputs: config.id2label in order
     options: Options  # what the task read of the command line
     details: object = None  # what the task needs to tokenize its tables (its own typed record)
+    prepared: dict = field(default_factory=dict)  # what prepare_model computed for save_more (a base LM's head)
 
     @property
     def label2id(self) -> dict:
@@ -179,13 +180,13 @@ class Task:
     def prepare(self, options, data: TrainingData, tokenizer, say) -> None:
         """Checks that need the tokenizer (a chat template), and what train says about how rows become tokens."""
 
-    def prepare_model(self, options, model, tokenizer, say) -> None:
+    def prepare_model(self, options, data: TrainingData, model, tokenizer, say) -> None:
         """Changes to the freshly loaded model before adapters are attached (a reranker's head from LM tokens)."""
 
     def tokenize(self, options, tokenizer, limit: int, data: TrainingData, say) -> tuple:
         raise NotImplementedError
 
-    def save_more(self, options, model, tokenizer, output, say) -> None:
+    def save_more(self, options, data: TrainingData, model, tokenizer, output, say) -> None:
         """After the model is saved (rank 0): other forms of it the options ask for (a reranker's generative form)."""
 
     def training_set(self, options, train_set):
