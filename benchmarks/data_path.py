@@ -1,9 +1,9 @@
 """The CLI's data path at 10k / 100k / 1M rows: peak memory and wall time of `stable-models train` (2 steps),
 `evaluate` and `predict`, the Arrow path beside the old Python-lists path (a git worktree of --old-ref), in one run.
 
-    .venv/bin/python benchmarks/data_path.py    # train at 10k, 100k, 1M; evaluate / predict and the old path to 100k
-    .venv/bin/python benchmarks/data_path.py --sizes 2000 --old-max 2000 --commands train   # a quick look
-    .venv/bin/python benchmarks/data_path.py --pairs --sizes 100000   # a reward model on preference pairs
+    .venv/bin/python -m benchmarks.data_path    # train at 10k, 100k, 1M; evaluate / predict and the old path to 100k
+    .venv/bin/python -m benchmarks.data_path --sizes 2000 --old-max 2000 --commands train   # a quick look
+    .venv/bin/python -m benchmarks.data_path --pairs --sizes 100000   # a reward model on preference pairs
 
 A tiny random Llama (hidden 32, 2 layers) and a word-level tokenizer, so the model costs little and the data path is
 what is measured; rows of 50-250 words, 3 string labels, as CSV. With --pairs: JSON lines of TRL's explicit-prompt

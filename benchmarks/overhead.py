@@ -4,7 +4,7 @@ pre-flight, the training steps, the evaluations, and what follows the last step 
 and the share of the run after imports spent in training steps (goal: at least 75 %).
 
     ./dev demo --help >/dev/null                 # the demo's venv (cli extra)
-    .venv/bin/python benchmarks/overhead.py      # model and data from PyPI wheels, cached
+    .venv/bin/python -m benchmarks.overhead      # model and data from PyPI wheels, cached
 
 Stages come from the command's own output, each line stamped as it arrives, and from its training_log.json (the
 Trainer's train_runtime and each evaluation's eval_runtime).
@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-from cli_demo import CACHE, fetch, write_splits  # noqa: E402  (the demo's cache and data split)
+from examples.cli_demo import CACHE, fetch, write_splits  # noqa: E402  (the demo's cache and data split)
 
 
 def stamped_run(command) -> tuple[list[tuple[float, str]], float]:

@@ -2,12 +2,12 @@
 its own, interleaved round by round:
 
     ./dev demo --help >/dev/null            # the demo's venv (.venv: the cli extra)
-    .venv/bin/python benchmarks/peers.py    # makes .venv-peer-swift once (torch 2.13 CPU + ms-swift 4.6)
-    .venv/bin/python benchmarks/peers.py --only Trainer --bf16   # ours and the Trainer script, fp32 and bf16 autocast
+    .venv/bin/python -m benchmarks.peers    # makes .venv-peer-swift once (torch 2.13 CPU + ms-swift 4.6)
+    .venv/bin/python -m benchmarks.peers --only Trainer --bf16   # ours and the Trainer script, fp32 and bf16 autocast
 
 Where .venv already holds the test extras (./dev test), both ours and the Trainer script also import bitsandbytes and
 DeepSpeed (about 2.5 s a run): `STABLE_MODELS_VENV=.venv-demo ./dev demo --help` makes a venv with the cli extra
-alone, and `.venv-demo/bin/python benchmarks/peers.py ...` runs in it.
+alone, and `.venv-demo/bin/python -m benchmarks.peers ...` runs in it.
 
 The job: SmolLM2-135M-Instruct, 320 Rotten Tomatoes reviews to train on, 100 to evaluate on during training, 300 to
 test on (the demo's split); LoRA r 16 (alpha 32) on every linear layer of the decoder layers, 40 steps of 8, AdamW at
@@ -199,7 +199,18 @@ def runs(model: Path, split: dict, work: Path, swift_python: Path, bf16: bool) -
     common = ["--max-steps", STEPS, "--batch-size", BATCH, "--lr", LR, "--seed", 0]
     train = [sys.executable, "-m", "stable_models", "train", "--model", model, "--train", split["train"],
              "--eval", split["dev"], "--overwrite", *common]  # fmt: skip
-    trainer = [sys.executable, __file__, "trainer", "--model", model, "--train", split["train"], "--dev", split["dev"]]
+    trainer = [
+        sys.executable,
+        "-m",
+        __spec__.name,
+        "trainer",
+        "--model",
+        model,
+        "--train",
+        split["train"],
+        "--dev",
+        split["dev"],
+    ]
 
     def trainer_run(folder: str, *flags) -> tuple:
         scored = lambda: trainer_accuracy(model, work / folder, split["test"])  # noqa: E731
@@ -242,9 +253,9 @@ def evaluate_ours(model: Path, test: Path, *flags) -> float:
     return json.loads((report / "report.json").read_text())["accuracy"]
 
 
-def trainer_accuracy(model: Path, run: Path, test: Path, script: str = __file__) -> float:
-    """Test accuracy of a peer's saved adapter, from `script score` (this file's, or another benchmark's)."""
-    command = [sys.executable, script, "score", "--model", model, "--adapter", run / "adapter", "--data", test]
+def trainer_accuracy(model: Path, run: Path, test: Path, module: str = __spec__.name) -> float:
+    """Test accuracy of a peer's saved adapter, from `python -m MODULE score` (this benchmark's, or another's)."""
+    command = [sys.executable, "-m", module, "score", "--model", model, "--adapter", run / "adapter", "--data", test]
     result = subprocess.run([str(c) for c in command], check=True, capture_output=True, text=True)
     return json.loads(result.stdout.strip().splitlines()[-1])["accuracy"]
 
@@ -276,8 +287,7 @@ def main() -> None:
         return train_with_trainer(args)
     if args.mode == "score":
         return score(args)
-    sys.path.insert(0, str(ROOT / "examples"))
-    from cli_demo import CACHE, fetch, write_splits
+    from examples.cli_demo import CACHE, fetch, write_splits
 
     fetch("data")
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", args.work / "data", 320, 0)

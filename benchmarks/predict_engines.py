@@ -2,7 +2,7 @@
 rows/s of each whole command (start-up included) and the largest probability difference. Run it in the serving venv:
 
     ./dev serve-test --collect-only -q >/dev/null   # sets .venv-serve up once
-    .venv-serve/bin/python benchmarks/predict_engines.py --rows 10000
+    .venv-serve/bin/python -m benchmarks.predict_engines --rows 10000
 
 A tiny random Stable Llama classifier (hidden 64: vLLM's CPU attention needs head_dim >= 32), rows of 50-250 words
 (benchmarks/data_path.py). The two engines alternate, --repeats times each; the median is reported.
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_path import make_csv, make_model
+from benchmarks.data_path import make_csv, make_model
 
 
 def main() -> None:

