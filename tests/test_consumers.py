@@ -272,8 +272,6 @@ def test_the_chat_template_renders_every_template_text_as_render_does(template):
 
 
 def test_train_warns_about_each_consumer_that_will_not_render_the_reranker_as_trained():
-    from types import SimpleNamespace
-
     import tiny_tokenizers
     from architectures import BY_NAME, make_models
     from consumer_rows import FORMAT
@@ -287,9 +285,9 @@ def test_train_warns_about_each_consumer_that_will_not_render_the_reranker_as_tr
     ):
         tokenizer = make()
         model, _ = make_models(BY_NAME["llama"], num_labels=1, vocab_size=len(tokenizer))
-        args = SimpleNamespace(template=template, instruction=None, init_from_tokens=None, no_packing=True)
+        options = TASK.Options(template=template, no_packing=True)
         said.clear()
-        TASK.prepare_model(args, model, tokenizer, lambda line, file=None: said.append(line))
+        TASK.prepare_model(options, None, model, tokenizer, lambda line, file=None: said.append(line))
         warnings = [line for line in said if "warning" in line]
         assert [w.split("] warning: ")[1].split(" will not score")[0] for w in warnings] == refused, said
         assert all("adding <bos>" in w for w in warnings)
