@@ -1,5 +1,5 @@
 """stable_models: numerically stable, padding-correct decoder-LLM sequence classifiers (classifiers, reward models,
-rerankers) for transformers.
+rerankers) and embedding models for transformers.
 
 `stable_models.Stable<Name>ForSequenceClassification` exists for every decoder-only text model type of the installed
 transformers that the rules in `modeling_rules` accept: its stock `<Name>ForSequenceClassification` (Qwen2, Gemma2,
@@ -29,6 +29,7 @@ PUBLIC = {
     "register": "registry",
     "registered": "registry",
     "stable_class_for": "registry",
+    "embedding_class_for": "registry",
     "supported_model_types": "registry",
     "unregister": "registry",
     "PackedCollator": "packing",
@@ -53,6 +54,7 @@ PUBLIC = {
     "RankingEvaluator": "evaluators",
     "get_reward": "trl_compat",
     "setup_pad_token": "tokenization",
+    "append_eos": "tokenization",
     "check_checkpoint": "verify",
     "verify_folder": "verify",
 }
@@ -65,6 +67,8 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(f".{PUBLIC[name]}", __name__), name)
         globals()[name] = value  # looked up once
         return value
+    if name.startswith("Stable") and name.endswith("ForEmbedding"):
+        return getattr(importlib.import_module(".modeling_embedding", __name__), name)
     if name.startswith("Stable"):
         return getattr(importlib.import_module(".modeling_stable", __name__), name)
     if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # `stable_models.registry` without importing it

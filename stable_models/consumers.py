@@ -12,6 +12,7 @@ from pathlib import Path
 from .modeling_files import (
     ADAPTER,
     CLASSIFIER,
+    EMBEDDER,
     GENERATIVE,
     GENERATIVE_MARK,
     MERGED,
@@ -54,6 +55,8 @@ def consumer_table(config, tokenizer, form: str = MERGED, generative: dict | Non
     if form == GENERATIVE:
         return generative_cells(generative or {})
     kind = model_kind(config)
+    if kind == EMBEDDER:
+        return embedder_cells(config)
     template = RerankTemplate(config.reranker_template, config.reranker_instruction) if kind == RERANKER else None
     if form == ADAPTER:
         return adapter_cells(config, kind, template)
@@ -96,6 +99,31 @@ def adapter_cells(config, kind, template) -> list[Cell]:
         offline,
         Cell(COLUMNS[6], None, "--enable-lora --lora-modules NAME=folder is not held by a test here: use vLLM offline"),
         Cell(COLUMNS[7], False, merge_first),
+    ]
+
+
+def embedder_cells(config) -> list[Cell]:
+    """An embedder: one vector per text (`pooler_output`), the same from every consumer that pools by the folder's
+    sentence-transformers files or runs its class; the token-states consumers give no vector."""
+    from .modeling_embedding import ST_POOLING, base_model_name
+
+    vector = "(**tokenizer(texts, padding=True, return_tensors='pt')).pooler_output"
+    pooling = f"Pooling {ST_POOLING[config.classifier_pooling]}" + (", Normalize" if config.embedding_normalize else "")
+    base = base_model_name(config.model_type)
+    return [
+        Cell(COLUMNS[0], True, f"{LOADER}{vector} (no code from the folder runs)"),
+        Cell(COLUMNS[1], True, f"AutoModel.from_pretrained(folder, trust_remote_code=True){vector}"),
+        Cell(COLUMNS[2], False, f"AutoModel gives the stock {base}: token states, no pooled vector"),
+        Cell(COLUMNS[3], False, 'pipeline("feature-extraction") gives token states, no pooled vector'),
+        Cell(
+            COLUMNS[4],
+            True,
+            f"SentenceTransformer(folder).encode(texts), no remote code ({pooling}); encode_query / encode_document "
+            "add the saved prompts",
+        ),
+        Cell(COLUMNS[5], True, 'LLM(folder, runner="pooling").embed(texts): the pooling and Normalize of modules.json'),
+        Cell(COLUMNS[6], True, "/v1/embeddings (dimensions= where config.json lists embedding_dimensions)"),
+        Cell(COLUMNS[7], True, "torch.onnx.export(model, (input_ids, attention_mask), dynamo=True): pooler_output"),
     ]
 
 

@@ -1,9 +1,11 @@
-"""One loader for every folder `train` writes, and for the checkpoints it starts from: `stable_models.from_pretrained`,
-`predict`, `evaluate`, `verify` and the consumer matrix all come through here.
+"""One loader for every folder `train` writes (classifiers, reward models, rerankers and embedders), and for the
+checkpoints it starts from: `stable_models.from_pretrained`, `predict`, `evaluate`, `verify` and the consumer matrix
+all come through here.
 
 The folder's form (`modeling_files.folder_form`) picks the way in:
-- merged (config.json): the Stable class of its model_type, from the installed package (no code from the folder runs);
-  also a base causal LM or a GGUF file (`gguf_file=`), which becomes a new classifier;
+- merged (config.json): the Stable class of its model_type and kind (`model_kind`: an embedder's config names its
+  normalisation), from the installed package (no code from the folder runs); also a base causal LM or a GGUF file
+  (`gguf_file=`), which becomes a new classifier;
 - adapter (adapter_config.json, `train --save-adapter`): the base the adapter names, built with the folder's
   `stable_config.json` (labels, pooling, template: what peft does not keep), the adapter applied and merged, as
   `predict` scores it (`merge=False`: the peft model);
@@ -14,8 +16,8 @@ import json
 from pathlib import Path
 
 from .adapters import STABLE_CONFIG
-from .modeling_files import ADAPTER, ADAPTER_CONFIG, GENERATIVE, folder_form
-from .registry import stable_class_for
+from .modeling_files import ADAPTER, ADAPTER_CONFIG, EMBEDDER, GENERATIVE, folder_form, model_kind
+from .registry import embedding_class_for, stable_class_for
 
 GENERATIVE_LOADER = (
     "transformers.AutoModelForCausalLM.from_pretrained(folder) (its score is logit(yes) - logit(no) at the last "
@@ -67,6 +69,8 @@ def from_pretrained(pretrained_model_name_or_path, *, merge: bool = True, **kwar
     if config is None:
         where = {key: kwargs[key] for key in ("gguf_file", "subfolder", "revision") if kwargs.get(key)}
         config = AutoConfig.from_pretrained(path, trust_remote_code=False, **where)
+    if model_kind(config) == EMBEDDER:
+        return embedding_class_for(config.model_type).from_pretrained(path, **kwargs)
     return stable_class_for(config.model_type).from_pretrained(path, **kwargs)
 
 
@@ -105,7 +109,8 @@ def from_adapter_folder(folder, merge: bool = True, **kwargs):
         trained_vocab = base_vocab
         if "num_labels" not in kwargs and (labels := saved_head_rows(folder)):
             kwargs["num_labels"] = labels
-    model = stable_class_for(config.model_type).from_pretrained(base, **options, **kwargs)
+    build = embedding_class_for if model_kind(config) == EMBEDDER else stable_class_for
+    model = build(config.model_type).from_pretrained(base, **options, **kwargs)
     if trained_vocab > base_vocab:
         model.resize_token_embeddings(trained_vocab)
     adapted = PeftModel.from_pretrained(model, str(folder))

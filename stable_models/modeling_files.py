@@ -36,8 +36,8 @@ byte-identical to a `stable_models` release's (`stable-models verify` exits 0 an
 
 ```python
 # stable-models verify path/to/this/folder
-from transformers import AutoModelForSequenceClassification
-model = AutoModelForSequenceClassification.from_pretrained("path/to/this/folder", trust_remote_code=True)
+from transformers import {auto_class}
+model = {auto_class}.from_pretrained("path/to/this/folder", trust_remote_code=True)
 ```
 
 **Without either, transformers silently loads the stock `{stock}`** (same weights, none of the guarantees; it
@@ -66,7 +66,7 @@ ADAPTER_CONFIG = "adapter_config.json"  # peft's: an adapter on a base checkpoin
 GENERATIVE_MARK = "reranker.json"  # a reranker's generative form: a causal LM, no score head (train --save-generative)
 
 # a model's kind: what its config says it scores (`model_kind`)
-CLASSIFIER, REWARD_MODEL, RERANKER = "classifier", "reward model", "reranker"
+CLASSIFIER, REWARD_MODEL, RERANKER, EMBEDDER = "classifier", "reward model", "reranker", "embedder"
 
 
 def folder_form(folder) -> str:
@@ -83,10 +83,18 @@ def model_kind(config) -> str:
     """The one answer to "what does this model score", from its config (a transformers config or config.json's dict):
     a reranker keeps the template its inputs were rendered with, a reward model has one output labelled "reward"."""
     get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    if get("embedding_normalize") is not None:  # an embedder's config says how its vectors are normalised
+        return EMBEDDER
     if get("reranker_template") is not None:
         return RERANKER
     labels = {str(k): v for k, v in (get("id2label") or {}).items()}
     return REWARD_MODEL if labels == {"0": "reward"} else CLASSIFIER
+
+
+EMBEDDER_KIND = (
+    "embedding model: one vector per text, `pooler_output`, read from the attention mask in fp32 (normalised where "
+    "config.json's `embedding_normalize` says so); the prompts it was trained with are in `embedding_prompts`"
+)
 
 
 def card_kind(config) -> tuple[str, str]:
@@ -95,10 +103,20 @@ def card_kind(config) -> tuple[str, str]:
         REWARD_MODEL: (REWARD_KIND, "reward-model"),
         RERANKER: (RERANKER_KIND, "text-ranking"),
         CLASSIFIER: ("sequence classifier", "text-classification"),
+        EMBEDDER: (EMBEDDER_KIND, "feature-extraction"),
     }[model_kind(config)]
 
 
 CODE_VERSION = "0.5.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
+
+
+AUTO_CLASSES = ("AutoModelForSequenceClassification", "AutoModel")  # what a Stable folder's auto_map leads to
+
+
+def auto_map_target(config: dict) -> str | None:
+    """config.json's auto_map target of a Stable class ("modeling_x.Class"): a classifier's, or an embedder's."""
+    auto_map = config.get("auto_map") or {}
+    return next((auto_map[name] for name in AUTO_CLASSES if auto_map.get(name)), None)
 
 
 def record_code_files(folder: str) -> None:
@@ -107,7 +125,7 @@ def record_code_files(folder: str) -> None:
     path = os.path.join(folder, "config.json")
     with open(path) as handle:
         config = json.load(handle)
-    target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+    target = auto_map_target(config)
     if not target:
         return
     hashes = {}
@@ -260,7 +278,7 @@ def check_saved_folder(folder: str, require_auto_map: bool = True, pooling: str 
             "Set it to 'last' or 'mean' in config.json, or pass pooling='last' to from_pretrained.",
         )
     if require_auto_map:
-        target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+        target = auto_map_target(config)
         if not target:
             _fail(
                 config_path,

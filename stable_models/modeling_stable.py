@@ -184,6 +184,7 @@ class StableSequenceClassificationMixin:
                         kind=card_kind(self.config)[0],
                         tag=card_kind(self.config)[1],
                         installed_load=INSTALLED_LOAD,
+                        auto_class="AutoModelForSequenceClassification",
                     )
                 )
 

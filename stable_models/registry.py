@@ -67,6 +67,14 @@ def stable_class_for(model_type: str):
     return stable_class(stock)
 
 
+def embedding_class_for(model_type: str):
+    """The Stable embedder (`modeling_embedding`) for a checkpoint's `model_type`: its Stable classifier without the
+    head; a ValueError that says why where there is none."""
+    from .modeling_embedding import embedding_class
+
+    return embedding_class(stable_class_for(model_type))
+
+
 class _StableClasses(Mapping):
     """Read-only `{model_type: Stable class}` for every supported model type; a class is built when looked up."""
 

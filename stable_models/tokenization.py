@@ -111,3 +111,42 @@ def setup_pad_token(tokenizer, model=None) -> int:
             )
         config.pad_token_id = pad_id
     return pad_id
+
+
+NO_EOS = (
+    "{name} has no eos token, and last-token pooling needs a token every text ends with (else a text's vector is its "
+    "last word's state, and a consumer that adds one reads another token). Set tokenizer.eos_token to the model's "
+    "end-of-text token, or pool the mean (pooling='mean')."
+)
+
+
+def ends_with_eos(tokenizer) -> bool:
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[-1] == tokenizer.eos_token_id
+
+
+def append_eos(tokenizer) -> bool:
+    """Make `tokenizer(text)` end with its eos token, in the tokenizer itself, so that every consumer that tokenizes
+    with the saved tokenizer (sentence-transformers, vLLM, transformers) pools the same last token (Qwen3-Embedding's
+    fix for its #122). Its post-processor becomes one template: the special tokens it added before (a bos), the text,
+    eos; saved in tokenizer.json. Returns whether anything changed; a ValueError where it has no eos token."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError(NO_EOS.format(name=type(tokenizer).__name__))
+    if ends_with_eos(tokenizer):
+        return False
+    from tokenizers import processors
+
+    plain, added = tokenizer("a", add_special_tokens=False)["input_ids"], tokenizer("a")["input_ids"]
+    start = next(i for i in range(len(added)) if added[i : i + len(plain)] == plain)
+    before = [tokenizer.convert_ids_to_tokens(i) for i in added[:start]]
+    eos = tokenizer.eos_token
+    specials = {token: tokenizer.convert_tokens_to_ids(token) for token in [*before, eos]}
+    head = "".join(f"{token}:0 " for token in before)
+    with contextlib.suppress(AttributeError, ValueError):  # its own switches would rebuild the template on load
+        tokenizer.add_eos_token = False
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{head}$A:0 {eos}:0", pair=f"{head}$A:0 {eos}:0 $B:1 {eos}:1", special_tokens=list(specials.items())
+    )
+    if tokenizer("a")["input_ids"] != added[:start] + plain + [tokenizer.eos_token_id]:
+        raise ValueError(f"{type(tokenizer).__name__}: could not make it append {eos!r}")
+    return True

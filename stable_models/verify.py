@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .modeling_files import CODE_VERSION, check_saved_folder, code_files
+from .modeling_files import CODE_VERSION, auto_map_target, check_saved_folder, code_files
 
 MANIFEST = Path(__file__).with_name("code_hashes.json")
 RECORDED = "stable_models_code_sha256"  # config.json: {file: sha256} of the code files save_pretrained wrote
@@ -72,7 +72,7 @@ def verify_folder(folder) -> Verdict:
         with open(os.path.join(folder, "config.json")) as handle:
             config = json.load(handle)
     needed = set()
-    target = (config.get("auto_map") or {}).get("AutoModelForSequenceClassification")
+    target = auto_map_target(config)
     if target:
         needed |= set(code_files(folder, target.split("--")[-1].rsplit(".", 1)[0] + ".py"))
     recorded = config.get(RECORDED) or {}

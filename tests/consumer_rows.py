@@ -144,3 +144,22 @@ def form_rows(root) -> dict:
     adapted = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=2, target_modules=["q_proj"]))
     save_adapter(adapted, tokenizer, root / "adapter")
     return {f"{row.name}: {form}": folder_table(root / form) for form in ("adapter", "generative")}
+
+
+def embedder_row(root) -> dict:
+    """The consumer row of a tiny Qwen2 embedder (mean pooling, a tokenizer that appends eos), as it saves itself;
+    tests/test_embedding_model.py and tests/serving/test_embedding_vllm.py hold its cells."""
+    import tiny_tokenizers
+    from architectures import make_config
+
+    from stable_models.consumers import folder_table
+    from stable_models.registry import embedding_class_for
+    from stable_models.tokenization import append_eos
+
+    tokenizer = tiny_tokenizers.qwen2_like()
+    append_eos(tokenizer)
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = embedding_class_for("qwen2")(make_config(BY_NAME["qwen2"], **WIDE, **ids), pooling="mean")
+    model.save_pretrained(root / "embedder")
+    tokenizer.save_pretrained(root / "embedder")
+    return {"embedder": folder_table(root / "embedder")}

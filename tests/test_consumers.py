@@ -16,6 +16,7 @@ from consumer_rows import (
     as_predicted,
     build,
     documents,
+    embedder_row,
     form_rows,
     messages,
     predict,
@@ -216,6 +217,7 @@ def test_the_docs_table_is_the_consumer_table_of_the_matrix_rows(tmp_path):
         build(row, tmp_path / str(len(rows)))
         rows[row.name] = folder_table(tmp_path / str(len(rows)))
     rows.update(form_rows(tmp_path / "forms"))
+    rows.update(embedder_row(tmp_path))
     docs = (Path(__file__).parent.parent / "docs" / "ecosystem.md").read_text()
     written = re.search(r"<!-- consumer matrix: begin -->\n(.*?)<!-- consumer matrix: end -->", docs, re.S)
     assert written, "docs/ecosystem.md has no consumer matrix"
