@@ -131,10 +131,12 @@ def write_sentence_transformers_files(folder: str, config) -> None:
         "include_prompt": True,
     }
     os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)  # vLLM reads it as the limit
+    length = {"max_seq_length": positions} if positions else {}
     files = {
         "modules.json": modules,
         os.path.join("1_Pooling", "config.json"): pooling,
-        "sentence_bert_config.json": {"max_seq_length": None, "do_lower_case": False},
+        "sentence_bert_config.json": {"do_lower_case": False, **length},
         "config_sentence_transformers.json": {
             "model_type": "SentenceTransformer",
             "prompts": dict(getattr(config, "embedding_prompts", None) or {"query": "", "document": ""}),
