@@ -4,13 +4,14 @@ exact under gradient accumulation and across processes, because it divides a sum
 (the items of the whole accumulated batch) instead of averaging each micro-batch.
 
 - `BradleyTerryLoss` (reward models, pairs); `ListwiseLoss`, `PointwiseLoss`, `RankNetLoss`, `DistillationLoss`
-  (rerankers, query groups: `group_loss.GroupLoss`).
+  (rerankers, query groups: `group_loss.GroupLoss`); `InfoNCELoss` (embedding models: queries against the batch).
 - The functions of earlier releases keep working: `bradley_terry_loss`, `ranking_loss(kind=...)`.
 """
 
 from .bradley_terry import BradleyTerryLoss, bradley_terry_loss
 from .distillation import DistillationLoss
 from .group_loss import GroupLoss
+from .info_nce import InfoNCELoss
 from .listwise import ListwiseLoss
 from .pointwise import PointwiseLoss
 from .ranknet import RankNetLoss
@@ -45,6 +46,7 @@ __all__ = [
     "BradleyTerryLoss",
     "DistillationLoss",
     "GroupLoss",
+    "InfoNCELoss",
     "ListwiseLoss",
     "PointwiseLoss",
     "RANKING_LOSSES",
