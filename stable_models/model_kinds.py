@@ -5,7 +5,7 @@ which folders are trained ones, and which consumers read a folder. Kinds live in
 them, never the other way round (and `--help`, which imports the tasks, imports no torch through them).
 
 `SEQUENCE_CLASSIFIER`: one head (`score`) over the pooled hidden state, its logits the scores (classifiers, reward
-models and rerankers alike).
+models and rerankers alike). `EMBEDDER_KIND`: no head, the pooled fp32 vector the scores (embedding models).
 """
 
 from dataclasses import dataclass
@@ -117,4 +117,79 @@ def preflight_batch(ids, labels, label_dtype):
     return [ids[i] for i in chosen], [labels[i] for i in chosen], label_dtype
 
 
+class EmbedderKind(ModelKind):
+    """An embedding model (`modeling_embedding`): no head, its scores the fp32 vector (`pooler_output`)."""
+
+    name = "embedder"
+    lora_task_type = "FEATURE_EXTRACTION"  # nothing beside the LoRA trains
+    auto_class = "AutoModel"
+    scores_noun = "vectors"
+
+    def load(self, path, **kwargs):
+        """A trained embedder as saved, or a new one on a base checkpoint (a causal LM, a GGUF file)."""
+        from transformers import AutoConfig
+
+        from .loading import folder_config, from_pretrained
+        from .modeling_files import EMBEDDER, model_kind
+        from .registry import embedding_class_for
+
+        config = kwargs.get("config")
+        if config is None:
+            where = {"gguf_file": kwargs["gguf_file"]} if kwargs.get("gguf_file") else {}
+            config = folder_config(path) if not where else AutoConfig.from_pretrained(path, **where)
+        if model_kind(config) == EMBEDDER:
+            return from_pretrained(path, **kwargs)
+        return embedding_class_for(config.model_type).from_pretrained(path, **kwargs)
+
+    def check_trained(self, config) -> None:
+        from .modeling_files import EMBEDDER, model_kind
+
+        if model_kind(config) != EMBEDDER:
+            raise ValueError("not an embedding model (its config names no embedding_normalize); train one first")
+
+    def scores(self, output):
+        return output.pooler_output
+
+    def vllm_scores(self, llm, ids):
+        import torch
+
+        outputs = llm.embed([{"prompt_token_ids": i} for i in ids], use_tqdm=False)
+        return torch.tensor([output.outputs.embedding for output in outputs], dtype=torch.float32)
+
+    def preflight(self, model, tokenizer, examples) -> Preflight:
+        """One forward and backward of the shortest examples right-padded (a loss on the vectors), one forward of the
+        same batch left-padded: finite vectors and gradients, the same vectors on both sides."""
+        import torch
+
+        ids = preflight_batch(examples[0], [0] * len(examples[0]), None)[0]
+        right, left = (
+            dict(tokenizer.pad({"input_ids": ids}, padding_side=side, return_tensors="pt")) for side in PADDING_SIDES
+        )
+        was_training = model.training
+        model.eval()
+        try:
+            vectors = model(**right).pooler_output
+            (vectors @ vectors.detach().T).sum().backward()
+            trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+            finite = bool(torch.isfinite(vectors).all()) and all(
+                torch.isfinite(p.grad).all() for p in trained.values() if p.grad is not None
+            )
+            unused = [name for name, p in trained.items() if p.grad is None]
+            with torch.no_grad():
+                error = (model(**left).pooler_output - vectors.detach()).abs().max().item()
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+        problems = {} if finite else {"finite": "non-finite vectors or gradients"}
+        if finite and error > 1e-3:
+            problems["padding"] = f"left and right padding give vectors {error:.2e} apart"
+        return Preflight(problems, error, unused)
+
+    def consumers(self, folder) -> list:
+        from .consumers import folder_table
+
+        return folder_table(folder)
+
+
 SEQUENCE_CLASSIFIER = SequenceClassifierKind()
+EMBEDDER_KIND = EmbedderKind()

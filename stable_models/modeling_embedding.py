@@ -51,7 +51,7 @@ class StableEmbeddingMixin:
     ):
         """`pooler_output`: one fp32 vector per text (normalised unless `embedding_normalize` is False);
         `last_hidden_state`: the backbone's."""
-        return_dict = kwargs.pop("return_dict", True)
+        return_dict = kwargs.pop("return_dict", None) is not False  # peft passes None: the default, an output object
         pooled, outputs = pooled_states(
             self, input_ids, attention_mask, position_ids, inputs_embeds, None, use_cache, kwargs
         )

@@ -26,9 +26,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, Trainer
 
 import stable_models
+from stable_models.modeling_files import code_files
 
 # the core: save_pretrained copies modeling_stable.py and the modeling_* siblings it imports, and only those
-CORE_FILES = sorted(path.name for path in Path(stable_models.__file__).parent.glob("modeling_*.py"))
+# what a classifier's save copies: modeling_stable.py and its siblings (an embedder's also takes modeling_embedding.py)
+CORE_FILES = sorted(code_files(str(Path(stable_models.__file__).parent), "modeling_stable.py"))
 REMOTE_LOAD = textwrap.dedent(
     """
     import sys

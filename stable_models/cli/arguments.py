@@ -51,7 +51,11 @@ def ranking_options(t) -> None:
         choices=RANKING_LOSSES,
         help="rerankers: listwise softmax over each group (default; distillation where the file has teacher scores)",
     )
-    t.add_argument("--temperature", type=float, help="rerankers: scores are divided by it in the loss (default: 1)")
+    t.add_argument(
+        "--temperature",
+        type=float,
+        help="rerankers, embedders: scores are divided by it in the loss (default: 1; embedders 0.05)",
+    )
     t.add_argument("--negatives", type=int, help="rerankers: sample N negatives per group, anew each epoch")
     t.add_argument(
         "--template",
@@ -225,7 +229,8 @@ def task_choice(t) -> None:
         choices=["auto", *sorted(TASKS)],
         help="auto: preference (a reward model) for 'chosen' / 'rejected' columns, ranking (a reranker) for query / "
         "pos / neg, query / positive / negative_N or ms-swift's messages / positive_messages, else classification "
-        "(the labels' kind decides); pointwise query / document / label rows need --task ranking",
+        "(the labels' kind decides); pointwise query / document / label rows need --task ranking; an embedding "
+        "model from the same layouts (or anchor / positive / negatives) needs --task embedding",
     )
     t.add_argument(
         "--center-rewards",
@@ -233,6 +238,8 @@ def task_choice(t) -> None:
         help="reward models: add COEF x (r_chosen + r_rejected)^2 to the loss (TRL's center_rewards_coefficient)",
     )
     ranking_options(t)
+    t.add_argument("--query-prompt", help="embedders: text put before every query (saved: encode_query adds it)")
+    t.add_argument("--document-prompt", help="embedders: text put before every document (saved with the model)")
 
 
 def evaluate_options(e) -> None:
@@ -259,6 +266,9 @@ def predict_options(p) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward")
     p.add_argument("--group-key", help=GROUP_KEY_HELP)
     p.add_argument("--top-k", type=int, help="rerankers: keep the K best documents of each query")
+    p.add_argument(
+        "--prompt-name", choices=["query", "document"], help="embedders: put the saved prompt of this name first"
+    )
     p.add_argument(
         "--engine", default="torch", choices=["torch", "vllm"], help="vllm: vLLM's pooling runner (serving extra)"
     )

@@ -207,7 +207,8 @@ def say_trained(job, task, summary: dict, output: Path) -> None:
     # each loader's call, without the cell's notes on rendering inputs (verify prints those)
     load = [cells[name].how.split(";")[0] for name in LOADERS if cells[name].ok]
     job.say(f"[train] model: {output} ({' or '.join(load)})")
-    calibrate = " --calibrate" if folder_form(output) == MERGED else ""  # a temperature folds into merged weights
+    # a temperature folds into merged weights, for the tasks whose evaluate fits one
+    calibrate = " --calibrate" if task.calibrates and folder_form(output) == MERGED else ""
     job.say(f"[train] next: stable-models evaluate --model {output} --data <test file>{calibrate}")
     server, offline = cells["vLLM server"], cells["vLLM offline"]
     if server.ok:

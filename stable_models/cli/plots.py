@@ -121,3 +121,17 @@ def plot_ranking(report, first_stage_ndcg, folder: Path, training_log=None) -> l
     if training_log:
         written.append(training_curves(plt, training_log, folder))
     return written
+
+
+def plot_training(report, folder: Path, training_log=None) -> list[str]:
+    """The training curves alone (an embedder's evaluation has no per-class or per-pair plot)."""
+    if not training_log:
+        return []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    return [training_curves(plt, training_log, folder)]

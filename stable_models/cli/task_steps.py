@@ -138,6 +138,7 @@ class Task:
     noun = "examples"  # what one training row is, in messages
     Options = Options  # the options dataclass this task parses the command line into (its `read_in` fields)
     model_kind = SEQUENCE_CLASSIFIER  # what it trains and scores (stable_models.model_kinds): loading, LoRA, scores
+    calibrates = True  # evaluate --calibrate fits a temperature to its scores
     summary_keys = ("loss",)  # the final eval metrics train prints
     # the token-id columns of the tokenized training table (each a list of ids, or of lists of ids); with the `length`
     # column every task's table has (its tokens per example), what the evaluation cadence reads

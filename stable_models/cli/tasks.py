@@ -14,7 +14,7 @@ from .task_steps import Task
 
 # the tasks, in the order `--task auto` asks them whether a training file is theirs (the first that claims it wins;
 # classification, which claims every file, comes last)
-TASKS = ("preference", "ranking", "classification")
+TASKS = ("preference", "ranking", "embedding", "classification")
 
 
 def task_named(name: str) -> Task:
