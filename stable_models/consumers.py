@@ -56,7 +56,7 @@ def consumer_table(config, tokenizer, form: str = MERGED, generative: dict | Non
         return generative_cells(generative or {})
     kind = model_kind(config)
     if kind == EMBEDDER:
-        return embedder_cells(config)
+        return embedder_cells(config, form)
     template = RerankTemplate(config.reranker_template, config.reranker_instruction) if kind == RERANKER else None
     if form == ADAPTER:
         return adapter_cells(config, kind, template)
@@ -102,10 +102,16 @@ def adapter_cells(config, kind, template) -> list[Cell]:
     ]
 
 
-def embedder_cells(config) -> list[Cell]:
+def embedder_cells(config, form=MERGED) -> list[Cell]:
     """An embedder: one vector per text (`pooler_output`), the same from every consumer that pools by the folder's
-    sentence-transformers files or runs its class; the token-states consumers give no vector."""
+    sentence-transformers files or runs its class; the token-states consumers give no vector. An adapter folder has
+    none of those files: this library merges it, every other consumer needs it merged first."""
     from .modeling_embedding import ST_POOLING, base_model_name
+
+    if form == ADAPTER:
+        merge_first = f"an adapter folder has no config.json: merge it first ({LOADER}.save_pretrained(merged_folder))"
+        loads = f"{LOADER}: the base with stable_config.json, the adapter merged (merge=False: peft's)"
+        return [Cell(COLUMNS[0], True, loads)] + [Cell(column, False, merge_first) for column in COLUMNS[1:]]
 
     vector = "(**tokenizer(texts, padding=True, return_tensors='pt')).pooler_output"
     pooling = f"Pooling {ST_POOLING[config.classifier_pooling]}" + (", Normalize" if config.embedding_normalize else "")

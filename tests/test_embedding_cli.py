@@ -156,3 +156,20 @@ def test_the_readme_embedding_commands_run_as_written(base, tmp_path, monkeypatc
 
     vectors = pq.read_table(tmp_path / "vectors.parquet").to_pylist()
     assert [row["text"] for row in vectors] == TEXTS and len(vectors[0]["embedding"]) == 32
+
+
+def test_an_adapter_folder_predicts_the_merged_runs_vectors_and_its_row_says_merge_first(trained, base, tmp_path):
+    from stable_models.consumers import folder_table
+
+    folder, data = trained
+    argv = ["train", "--task", "embedding", "--model", base, "--train", data, "--output", tmp_path / "adapter", *FAST]
+    assert run(*argv, "--query-prompt", "query: ", "--dtype", "fp32", "--save-adapter") == 0
+    texts = write(tmp_path / "texts.jsonl", [{"text": t} for t in TEXTS])
+    vectors = {}
+    for name, model in (("merged", folder), ("adapter", tmp_path / "adapter")):
+        assert run("predict", "--model", model, "--data", texts, "--output", tmp_path / f"{name}.jsonl") == 0
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        vectors[name] = torch.tensor([json.loads(line)["embedding"] for line in lines])
+    assert (vectors["adapter"] - vectors["merged"]).abs().max() <= 1e-5
+    cells = folder_table(tmp_path / "adapter")
+    assert cells[0].ok and not any(cell.ok for cell in cells[1:])
