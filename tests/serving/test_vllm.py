@@ -4,7 +4,6 @@ saved, with no hf_overrides, offline and through the OpenAI-compatible server, w
 import contextlib
 import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -12,7 +11,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import tiny_tokenizers
@@ -124,10 +122,10 @@ def running(command, port, log_path):
 
 
 def readme_serving_commands():
-    """The README's "Serving and export" bash block: the server command line and the curl request."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Serving and export", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    """The documented server command line and curl request (docs/serving.md, "Serving and export")."""
+    from documented import blocks
+
+    block = next(b for b in blocks("bash") if b.startswith("python -m vllm.entrypoints.openai.api_server"))
     server, curl = block.split("\n", 1)
     return shlex.split(server), shlex.split(curl.replace("\\\n", " "))
 
