@@ -46,20 +46,28 @@ def _choose_pad(tokenizer, can_resize: bool) -> tuple[str, str | None]:
     )
 
 
-def _add_pad_row(tokenizer, model) -> None:
+ADDED = f"setup_pad_token: the tokenizer had no pad, unk, eos or reserved token; added {NEW_PAD_TOKEN!r}"
+
+
+def _add_pad_row(tokenizer, model, model_follows: bool = False) -> None:
     """Add NEW_PAD_TOKEN and grow the embeddings; the new row is the fp32 mean of the existing rows."""
     tokenizer.add_special_tokens({"pad_token": NEW_PAD_TOKEN})
-    message = f"setup_pad_token: the tokenizer had no pad, unk, eos or reserved token; added {NEW_PAD_TOKEN!r}"
     if model is None:
-        warnings.warn(message + ". Call setup_pad_token(tokenizer, model) to resize the model too.", stacklevel=3)
+        if not model_follows:
+            warnings.warn(ADDED + ". Call setup_pad_token(tokenizer, model) to resize the model too.", stacklevel=3)
         return
+    _grow_rows(tokenizer, model)
+    warnings.warn(ADDED + f" (id {tokenizer.pad_token_id}) and set its embedding to the mean row.", stacklevel=3)
+
+
+def _grow_rows(tokenizer, model) -> None:
+    """The embedding table grown to the tokenizer; the new rows are the fp32 mean of the existing rows."""
     old_rows = embedding_rows(model)
     if tokenizer.pad_token_id >= old_rows:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         weight = model.get_input_embeddings().weight
         with torch.no_grad(), whole(weight):
             weight[old_rows:] = weight[:old_rows].float().mean(0).to(weight.dtype)
-    warnings.warn(message + f" (id {tokenizer.pad_token_id}) and set its embedding to the mean row.", stacklevel=3)
 
 
 def embedding_rows(model) -> int:
@@ -77,14 +85,16 @@ def whole(weight):
     return deepspeed.zero.GatheredParameters([weight], modifier_rank=0)
 
 
-def setup_pad_token(tokenizer, model=None) -> int:
+def setup_pad_token(tokenizer, model=None, *, model_follows: bool = False) -> int:
     """Make sure `tokenizer` has a pad token and `model.config` (and generation_config) use its id. Idempotent.
 
+    `model_follows`: the tokenizer is set up before its model is loaded (to tokenize first); it chooses as it would
+    with the model, and the later setup_pad_token(tokenizer, model) grows the embeddings for a pad token it added.
     Raises ValueError if the pad id does not fit the model's embedding table. Returns the pad token id.
     """
-    token, note = _choose_pad(tokenizer, can_resize=model is not None)
+    token, note = _choose_pad(tokenizer, can_resize=model is not None or model_follows)
     if token == NEW_PAD_TOKEN and tokenizer.pad_token != NEW_PAD_TOKEN:
-        _add_pad_row(tokenizer, model)
+        _add_pad_row(tokenizer, model, model_follows)
     elif tokenizer.pad_token != token:
         tokenizer.pad_token = token
         if note:
@@ -94,6 +104,9 @@ def setup_pad_token(tokenizer, model=None) -> int:
     pad_id = tokenizer.pad_token_id
     if model is None:
         return pad_id
+    if tokenizer.pad_token == NEW_PAD_TOKEN and pad_id >= embedding_rows(model):  # added before the model came
+        _grow_rows(tokenizer, model)
+        warnings.warn(f"{ADDED} (id {pad_id}) and set its embedding to the mean row.", stacklevel=2)
     rows = embedding_rows(model)
     if pad_id >= rows:
         raise ValueError(

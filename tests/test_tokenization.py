@@ -68,6 +68,23 @@ def test_no_pad_adds_one_with_the_mean_embedding_and_is_idempotent():
     assert torch.isfinite(model(**batch).logits).all()
 
 
+def test_a_pad_chosen_before_the_model_is_the_one_chosen_with_it():
+    """train tokenizes before it loads the model (its TrainingArguments are built once, from the tokenized tables):
+    the tokenizer set up first picks the pad it would pick with the model, and the model's call grows its rows."""
+    tokenizer, reference = no_pad(), no_pad()
+    model, reference_model = tiny_model(tokenizer), tiny_model(reference)
+    reference_model.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pad_id = setup_pad_token(tokenizer, model_follows=True)  # no warning yet: nothing is half done
+    with pytest.warns(UserWarning, match="added '<\\|pad\\|>'.*mean row"):
+        assert setup_pad_token(tokenizer, model) == pad_id
+    with pytest.warns(UserWarning, match="mean row"):
+        assert setup_pad_token(reference, reference_model) == pad_id
+    assert torch.equal(model.get_input_embeddings().weight, reference_model.get_input_embeddings().weight)
+    assert model.config.pad_token_id == pad_id
+
+
 def test_no_pad_without_a_model_falls_back_to_eos_with_a_warning():
     tokenizer = no_pad()
     with pytest.warns(UserWarning, match="pad is eos"):

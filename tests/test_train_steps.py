@@ -103,20 +103,18 @@ def lengths_dataset(examples, tokens):
 def test_evaluation_stays_under_its_share_of_the_run(eval_examples, steps, expected_evaluations):
     """Evaluations (forward only) against training (forward and backward, TRAIN_COST forwards a token): as many as
     keep them under EVAL_SHARE, at most 5, at least one; a big eval set is evaluated once, at the last step."""
-    training = SimpleNamespace(world_size=1)
     args = SimpleNamespace(eval_steps=None, max_steps=steps, batch_size=4, grad_accum=1, epochs=1.0)
-    line = evaluation_cadence(args, training, lengths_dataset(64, 10), lengths_dataset(eval_examples, 10))
-    evaluations = steps // training.eval_steps
-    assert evaluations == expected_evaluations and training.save_steps == training.eval_steps
-    assert f"evaluating {evaluations} time(s), every {training.eval_steps} steps" in line
+    cadence = evaluation_cadence(args, 1, lengths_dataset(64, 10), lengths_dataset(eval_examples, 10))
+    evaluations = steps // cadence.steps
+    assert evaluations == expected_evaluations
+    assert f"evaluating {evaluations} time(s), every {cadence.steps} steps" in cadence.line
     share = evaluations * eval_examples / (evaluations * eval_examples + 2 * 4 * steps)
     assert share <= EVAL_SHARE or evaluations == 1
     if evaluations == 1:
-        assert training.eval_steps == steps
-    given = SimpleNamespace(eval_steps=3, epochs=1.0)
-    assert "every 3 steps (--eval-steps)" in evaluation_cadence(
-        given, training, lengths_dataset(4, 1), lengths_dataset(4, 1)
-    )
+        assert cadence.steps == steps
+    given_args = SimpleNamespace(eval_steps=3, epochs=1.0)
+    given = evaluation_cadence(given_args, 1, lengths_dataset(4, 1), lengths_dataset(4, 1))
+    assert given.steps == 3 and "every 3 steps (--eval-steps)" in given.line
 
 
 def test_a_default_run_evaluates_each_checkpoint_once_and_leaves_the_model(base, tmp_path, monkeypatch, capfd):  # noqa: F811

@@ -117,10 +117,15 @@ def train(args) -> int:
     load = loading_options(args, data)
     tokenizer = load_tokenizer(args.model, args.gguf_file)
     checkpoints = output / "checkpoints"
-    training = training_arguments(args, data, dtype, checkpoints)  # before the model: ZeRO-3 partitions at build
     with output_lock(output, job):
-        model, train_set, eval_set = model_and_tables(args, job, data, load, dtype, tokenizer)
-        run_preflight(args, job, model, tokenizer, data, (train_set, eval_set), training)
+        train_set, eval_set = tokenized_tables(args, job, data, tokenizer, dtype)
+        cadence = evaluation_cadence(
+            args, job.world, data.task.training_set(data.options, train_set), eval_set, data.task.token_columns
+        )
+        job.say(f"[train] {cadence.line}", file=sys.stderr)
+        training = training_arguments(args, data, dtype, checkpoints, cadence)  # before the model: ZeRO-3 partitions
+        model = trainable_model(args, job, data, load, dtype, tokenizer)
+        run_preflight(args, job, model, tokenizer, data, train_set, training)
         trainer = make_trainer(training, model, tokenizer, data, train_set, eval_set, args)
         logs = fit(args, job, trainer, training, checkpoints)
         with zero3_gathered(trainer.model, training):
@@ -144,8 +149,30 @@ def refuse_training_options(args, job, output: Path) -> None:
     check_model_path(args.model, args.gguf_file)
 
 
-def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, tokenizer):
-    """The model as it will train (the task's changes, LoRA attached) and the tokenized (train, eval) tables."""
+def tokenized_tables(args, job, data: TrainingData, tokenizer, dtype: str):
+    """The tokenized (train, eval) tables, made before the model is loaded (its pad token chosen as it will be with
+    the model), so that the run's TrainingArguments are built once, from them, before ZeRO-3 needs them."""
+    from transformers import AutoConfig
+
+    from ..tokenization import setup_pad_token
+
+    task = data.task
+    setup_pad_token(tokenizer, model_follows=True)
+    task.prepare(data.options, data, tokenizer, job.say)
+    where = {"gguf_file": args.gguf_file} if args.gguf_file else {}
+    limit = length_limit(args, AutoConfig.from_pretrained(args.model, **where))
+    train_set, eval_set = job.main_first(lambda: task.tokenize(data.options, tokenizer, limit, data, job.say))
+    job.say(
+        f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
+        f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
+        file=sys.stderr,
+    )
+    return train_set, eval_set
+
+
+def trainable_model(args, job, data: TrainingData, load: dict, dtype: str, tokenizer):
+    """The model as it will train: the task's kind, the tokenizer's pad token (a row grown for one it added), the
+    task's changes, LoRA attached."""
     from ..tokenization import setup_pad_token
 
     task = data.task
@@ -155,31 +182,20 @@ def model_and_tables(args, job, data: TrainingData, load: dict, dtype: str, toke
     )
     model = load_base_model(args, load, dtype, task.model_kind)
     setup_pad_token(tokenizer, model)
-    task.prepare(data.options, data, tokenizer, job.say)
     task.prepare_model(data.options, data, model, tokenizer, job.say)
-    limit = length_limit(args, model)
-    train_set, eval_set = job.main_first(lambda: task.tokenize(data.options, tokenizer, limit, data, job.say))
-    job.say(
-        f"[train] {len(train_set)} train / {len(eval_set)} eval {task.noun}, max length "
-        f"{task.longest(train_set, tokenizer)}, {dtype}" + (f", {job.world} processes" if job.world > 1 else ""),
-        file=sys.stderr,
-    )
-    return with_adapters(model, args, task.model_kind), train_set, eval_set
+    return with_adapters(model, args, task.model_kind)
 
 
-def run_preflight(args, job, model, tokenizer, data: TrainingData, tables, training) -> None:
-    """The pre-flight on rank 0 (it leaves the weights as they were; Trainer seeds every rank alike afterwards), DDP's
-    search for unused parameters where the model needs it, and the evaluation cadence."""
-    task, (train_set, eval_set) = data.task, tables
+def run_preflight(args, job, model, tokenizer, data: TrainingData, train_set, training) -> None:
+    """The pre-flight on rank 0 (it leaves the weights as they were; Trainer seeds every rank alike afterwards), and
+    DDP's search for unused parameters where the model needs it."""
+    task = data.task
     if training.deepspeed and training.hf_deepspeed_config.is_zero3():
         job.say("[train] pre-flight skipped: ZeRO-3 holds each parameter in slices", file=sys.stderr)
-    else:
-        examples = task.preflight_examples(data, train_set)
-        unused = job.on_main(lambda: preflight(task.model_kind, model, tokenizer, examples, args.model))
-        training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
-    drawn = task.training_set(data.options, train_set)  # what the Trainer draws from
-    cadence = evaluation_cadence(args, training, drawn, eval_set, task.token_columns)
-    job.say(f"[train] {cadence}", file=sys.stderr)
+        return
+    examples = task.preflight_examples(data, train_set)
+    unused = job.on_main(lambda: preflight(task.model_kind, model, tokenizer, examples, args.model))
+    training.ddp_find_unused_parameters = find_unused_parameters(model, unused, job)
 
 
 def fit(args, job, trainer, training, checkpoints: Path) -> tuple[list, dict]:

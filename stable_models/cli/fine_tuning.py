@@ -5,6 +5,7 @@ commands.train runs these steps in order.
 """
 
 import contextlib
+import dataclasses
 import importlib.util
 import math
 import os
@@ -170,16 +171,23 @@ def checkpointing_arguments(arguments_class, enabled: bool, kwargs: dict) -> dic
     return {name: enabled, f"{name}_kwargs": kwargs if enabled else None}
 
 
-def training_arguments(args, data, dtype: str, checkpoints: Path):
-    """TrainingArguments of a run: evaluation and checkpoints up to five times per run, the best restored at the end,
-    and --deepspeed / --fsdp. Built before the model is loaded, so ZeRO-3 partitions it as it
-    is built."""
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """How often a run evaluates and saves (training_arguments takes it), and the line train prints about it."""
+
+    steps: int
+    line: str
+
+
+def training_arguments(args, data, dtype: str, checkpoints: Path, cadence: Cadence):
+    """TrainingArguments of a run: evaluation and checkpoints at the cadence (up to five times per run), the best
+    restored at the end, and --deepspeed / --fsdp. Built once, before the model is loaded, so ZeRO-3 partitions it as
+    it is built."""
     from transformers import TrainingArguments
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     total_steps = planned_steps(args, len(data.train), world)
     run = args.run_name or Path(args.output).resolve().name
-    eval_steps = args.eval_steps or max(1, total_steps // MAX_EVALUATIONS)  # evaluation_cadence may space them more
     best_metric, greater_is_better = data.task.best_metric(data)
     if args.deepspeed and world > 1:
         import deepspeed
@@ -199,14 +207,14 @@ def training_arguments(args, data, dtype: str, checkpoints: Path):
         # reentrant checkpointing (transformers 4.x's default) passes no gradient to LoRA: its inputs need none
         **checkpointing_arguments(TrainingArguments, args.gradient_checkpointing, {"use_reentrant": False}),
         eval_strategy="steps",
-        eval_steps=eval_steps,
+        eval_steps=cadence.steps,
         save_strategy="steps",
-        save_steps=eval_steps,
+        save_steps=cadence.steps,
         save_total_limit=2,
         load_best_model_at_end=True,
         metric_for_best_model=best_metric,
         greater_is_better=greater_is_better,
-        logging_steps=max(1, min(eval_steps, total_steps // 20)),
+        logging_steps=max(1, min(cadence.steps, total_steps // 20)),
         seed=args.seed,
         bf16=dtype == "bf16",
         use_cpu=not torch.cuda.is_available(),
@@ -234,22 +242,21 @@ MAX_EVALUATIONS = 5
 TRAIN_COST = 2  # forward passes a trained token costs (forward, and a backward without the frozen weights' grads)
 
 
-def evaluation_cadence(args, training, train_set, eval_set, token_columns=("input_ids",)) -> str:
+def evaluation_cadence(args, world: int, train_set, eval_set, token_columns=("input_ids",)) -> Cadence:
     """Without --eval-steps: evaluate (and save) as often as keeps evaluation under EVAL_SHARE of the run, at most
-    MAX_EVALUATIONS times, at least once (at the last step), from the tokens one process trains and evaluates.
-    Sets training.eval_steps and save_steps; returns the line train prints."""
+    MAX_EVALUATIONS times, at least once (at the last step), from the tokens one process trains and evaluates."""
     if args.eval_steps:
-        return f"evaluating every {args.eval_steps} steps (--eval-steps)"
-    steps = planned_steps(args, len(train_set), training.world_size)
+        return Cadence(args.eval_steps, f"evaluating every {args.eval_steps} steps (--eval-steps)")
+    steps = planned_steps(args, len(train_set), world)
     per_step = mean_tokens(train_set, token_columns) * args.batch_size * args.grad_accum
-    evaluated = sum(eval_set.with_format("arrow")["length"].to_pylist()) / training.world_size
+    evaluated = sum(eval_set.with_format("arrow")["length"].to_pylist()) / world
     affordable = EVAL_SHARE / (1 - EVAL_SHARE) * TRAIN_COST * per_step * steps / max(evaluated, 1)
-    training.eval_steps = training.save_steps = math.ceil(steps / max(1, min(MAX_EVALUATIONS, int(affordable))))
-    count = steps // training.eval_steps
+    every = math.ceil(steps / max(1, min(MAX_EVALUATIONS, int(affordable))))
+    count = steps // every
     share = count * evaluated / (count * evaluated + TRAIN_COST * per_step * steps)
-    return (
-        f"evaluating {count} time(s), every {training.eval_steps} steps (about {share:.0%} of the run; "
-        "--eval-steps to choose)"
+    return Cadence(
+        every,
+        f"evaluating {count} time(s), every {every} steps (about {share:.0%} of the run; --eval-steps to choose)",
     )
 
 

@@ -15,9 +15,10 @@ def positions(config) -> int:
     return getattr(config.get_text_config(), "max_position_embeddings", None) or LENGTH_UNLIMITED
 
 
-def length_limit(args, model) -> int:
-    """Tokens a training example may hold: --max-length, and never more than the model has positions for."""
-    return min(args.max_length or LENGTH_UNLIMITED, positions(model.config))
+def length_limit(args, config) -> int:
+    """Tokens a training example may hold: --max-length, and never more than the model (its config) has positions
+    for."""
+    return min(args.max_length or LENGTH_UNLIMITED, positions(config))
 
 
 def keep_trained_length(tokenizer, longest: int) -> None:
