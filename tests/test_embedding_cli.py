@@ -92,6 +92,18 @@ def test_bad_input_is_one_line_and_writes_nothing(case, base, tmp_path, capsys):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_mined_negatives_join_the_rows_and_a_hit_that_is_a_positive_is_dropped_and_counted(base, tmp_path, capsys):
+    data = write(tmp_path / "g.jsonl", layout_rows("flag", groups(8)))
+    corpus = write(tmp_path / "corpus.jsonl", [{"text": t} for t in ["the film was great", "a great film", "dull"]])
+    argv = ["train", "--task", "embedding", "--model", base, "--train", data, "--output", tmp_path / "out", *FAST]
+    assert run(*argv, "--mine-negatives", "2") == 2
+    assert "--mine-negatives K and --corpus FILE go together" in capsys.readouterr().err
+    assert run(*argv, "--mine-negatives", "2", "--corpus", corpus) == 0
+    mined = next(line for line in capsys.readouterr().err.splitlines() if "BM25 negatives" in line)
+    positives = sum(1 for _, p, _ in groups(8) if "the film was great" in p)
+    assert f"{positives} hit(s) that were the group's own positive dropped" in mined, mined
+
+
 def test_last_token_pooling_without_an_eos_token_is_refused_with_the_fix(tmp_path, capsys):
     tokenizer = qwen2_like()
     tokenizer.eos_token = None
@@ -136,6 +148,44 @@ def test_evaluate_reports_retrieval_over_the_files_documents(trained, tmp_path, 
     assert report["recall@100"] == 1.0  # fewer documents than 100: each query finds its own
     assert run("evaluate", "--model", folder, "--data", data, "--calibrate") == 2
     assert "an embedder has none to fit" in capsys.readouterr().err
+
+
+def test_evaluate_adds_the_corpus_and_reports_bm25_and_the_untrained_start_beside_the_embedder(
+    trained, base, tmp_path, capsys
+):
+    """--corpus documents join the file's; BM25 ranks them as bm25s does (here each query's one shared word picks its
+    positive: NDCG 1); the untrained start (the card's local base_model) reports what evaluate gives for that model
+    saved as an embedder with the trained folder's tokenizer; the lift is the difference."""
+    from stable_models.model_kinds import EMBEDDER_KIND
+
+    folder, _ = trained
+    words = ["alpha", "bravo", "charlie", "delta", "echo"]
+    data = write(tmp_path / "words.jsonl", [{"query": w, "pos": [f"{w} doc"], "neg": ["plain doc"]} for w in words])
+    corpus = write(tmp_path / "corpus.jsonl", [{"text": t} for t in ["plain doc", "other doc", "more text"]])
+    assert run("evaluate", "--model", folder, "--data", data, "--corpus", corpus, "--report-dir", tmp_path / "r") == 0
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["documents"] == len(words) + 3  # "plain doc" once
+    assert report["bm25"]["ndcg@10"] == 1.0 and report["bm25"]["mrr@10"] == 1.0
+    assert report["untrained"]["model"] == str(base)
+    for baseline in ("bm25", "untrained"):
+        assert report["lift"][baseline]["ndcg@10"] == pytest.approx(report["ndcg@10"] - report[baseline]["ndcg@10"])
+    table = capsys.readouterr().out
+    assert "embedder" in table and "bm25" in table and "untrained" in table
+
+    config = stable_models.from_pretrained(folder).config
+    start = EMBEDDER_KIND.load(
+        base, pooling=config.classifier_pooling, prompts=config.embedding_prompts, dtype=torch.float32
+    )
+    from transformers import AutoTokenizer
+
+    start.save_pretrained(tmp_path / "start")
+    AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path / "start")
+    argv = ["evaluate", "--model", tmp_path / "start", "--data", data, "--corpus", corpus]
+    assert run(*argv, "--report-dir", tmp_path / "s") == 0
+    untrained = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert "untrained" not in untrained  # its card names no base model
+    for key in ("ndcg@10", "mrr@10", "recall@10"):
+        assert report["untrained"][key] == pytest.approx(untrained[key], abs=1e-9), key
 
 
 def test_the_readme_embedding_commands_run_as_written(base, tmp_path, monkeypatch):

@@ -325,7 +325,7 @@ def test_mined_negatives_are_bm25_hits_that_are_not_positives(tmp_path):
     assert first["relevance"] == [1.0, 0.0, 0.0]
     assert "the plot was dull" not in second["documents"][1:] and "dull dull dull" in second["documents"]
     assert "unrelated words here" not in first["documents"] + second["documents"]
-    assert said and "mined" in said[0]
+    assert said and "mined" in said[0] and "2 hit(s) that were the group's own positive dropped" in said[0]
 
 
 def test_teacher_scores_train_by_distillation_and_calibrate_fits_a_relevance_temperature(

@@ -64,9 +64,11 @@ def ranking_options(t) -> None:
     )
     t.add_argument("--instruction", help="rerankers: the {instruction} of the template (qwen3 has a default)")
     t.add_argument(
-        "--mine-negatives", type=int, help="rerankers: add K BM25 hard negatives per query from --corpus (bm25s)"
+        "--mine-negatives",
+        type=int,
+        help="rerankers, embedders: add K BM25 hard negatives per query from --corpus (bm25s)",
     )
-    t.add_argument("--corpus", help="rerankers: a file of documents ('text' column) for --mine-negatives")
+    t.add_argument("--corpus", help="rerankers, embedders: a file of documents ('text' column) for --mine-negatives")
     t.add_argument(
         "--init-from-tokens",
         nargs=2,
@@ -251,6 +253,7 @@ def evaluate_options(e) -> None:
     e.add_argument("--label-key", default="label", help="the label column (rerankers: the relevance of pointwise rows)")
     e.add_argument("--group-key", help="rerankers: group pointwise rows by this column (default: query)")
     e.add_argument("--calibrate", action="store_true", help="fit a temperature (and multi-label thresholds), save them")
+    e.add_argument("--corpus", help="embedders: more documents ('text' column) to retrieve from, beside the file's")
     e.add_argument("--report-dir", help="where report.json and the plots go (default: MODEL/evaluation)")
     e.add_argument("--batch-size", type=int, default=16, help="texts per forward")
 

@@ -17,6 +17,7 @@ from ..modeling_files import EMBEDDER, model_kind
 from .data import check_texts, column_max
 from .embedding_data import read_groups_checked, tokenized, training_rows
 from .errors import CliError
+from .ranking_data import bm25_hits, corpus_documents, mined_groups
 from .task_steps import (
     Evaluation,
     Options,
@@ -37,6 +38,8 @@ class EmbeddingOptions(Options):
     query_prompt: str | None = read_in("train")
     document_prompt: str | None = read_in("train")
     temperature: float | None = read_in("train")
+    mine_negatives: int | None = read_in("train")
+    corpus: str | None = read_in("train", "evaluate")
     text_key: str | None = read_in("predict")
     prompt_name: str | None = read_in("predict")
 
@@ -52,10 +55,13 @@ class EmbedTexts:
 
 @dataclass(frozen=True)
 class Retrieval:
-    """What evaluate embeds: each group's query (after the query prompt) and every distinct document of the file."""
+    """What evaluate embeds: each group's query (after the query prompt) and every distinct document of the file and
+    of --corpus; the untrained start (the card's base_model, where it is a local folder) is embedded the same way."""
 
     prompts: dict
     limit: int
+    tokenizer: object
+    base_model: str | None
 
 
 def prompts_of(options) -> dict:
@@ -81,6 +87,7 @@ class Embedding(Task):
     # --- train
     def read(self, options, table, say) -> TrainingData:
         groups, layout = read_groups_checked(table, options, options.train)
+        groups = mined_groups(groups, options, say)
         groups, eval_groups, _ = held_out(
             options, groups, lambda t: (read_groups_checked(t, options, options.eval)[0], None)
         )
@@ -150,7 +157,8 @@ class Embedding(Task):
     # --- evaluate and predict
     def evaluation_input(self, options, table, config, tokenizer, say) -> Retrieval:
         limit = min(tokenizer.model_max_length, positions(config))
-        return Retrieval(dict(getattr(config, "embedding_prompts", None) or {}), limit)
+        prompts = dict(getattr(config, "embedding_prompts", None) or {})
+        return Retrieval(prompts, limit, tokenizer, untrained_start(options.model))
 
     def prediction_input(self, options, table, config, tokenizer, say) -> EmbedTexts:
         key = options.text_key or "text"
@@ -171,6 +179,8 @@ class Embedding(Task):
         for docs in groups["documents"]:
             for document in docs:
                 documents.setdefault(document, len(documents))
+        for document in corpus_documents(options.corpus, options.encoding) if options.corpus else ():
+            documents.setdefault(document, len(documents))
         rows = {"text": [], "query": [], "relevant": []}
         for query, docs, relevance in zip(groups["query"], groups["documents"], groups["relevance"], strict=True):
             rows["text"].append(query)
@@ -201,19 +211,32 @@ class Embedding(Task):
         return render
 
     def evaluation(self, options, model, table, scoring, scores) -> Evaluation:
-        """NDCG@10, MRR@10 and recall@1/10/100 of ranking every document of the file for each query by cosine."""
+        """NDCG@10, MRR@10 and recall@1/10/100 of ranking every document for each query by cosine, beside BM25's
+        ranking and the untrained start's (where there is one), and the lift over each."""
         from ..evaluators import RankingEvaluator
         from .plots import plot_training
 
-        vectors = scores[:, 0].double()
         is_query = torch.tensor(table["query"])
-        queries, documents = vectors[is_query], vectors[~is_query]
-        similarity = queries @ documents.T
-        relevance = torch.zeros_like(similarity)
+        texts = table["text"]
+        queries = [t for t, q in zip(texts, table["query"], strict=True) if q]
+        documents = [t for t, q in zip(texts, table["query"], strict=True) if not q]
+        relevance = torch.zeros(len(queries), len(documents), dtype=torch.float64)
         for row, relevant in enumerate(r for r, q in zip(table["relevant"], table["query"], strict=True) if q):
             relevance[row, relevant] = 1.0
-        report = RankingEvaluator(CUTOFFS)(similarity.flatten(), relevance.flatten(), [len(documents)] * len(queries))
-        report = {"task": self.name, "documents": len(documents), **report}
+        evaluator = RankingEvaluator(CUTOFFS)
+
+        def report_of(similarity):
+            return evaluator(similarity.flatten(), relevance.flatten(), [len(documents)] * len(queries))
+
+        ours = report_of(cosines(scores[:, 0], is_query))
+        report = {"task": self.name, "documents": len(documents), **ours}
+        report["bm25"] = summary(report_of(bm25_similarity(queries, documents)))
+        if scoring.base_model is not None:
+            start = untrained_vectors(scoring, model, table)
+            report["untrained"] = {"model": scoring.base_model, **summary(report_of(cosines(start, is_query)))}
+        for baseline in ("bm25", "untrained"):
+            if baseline in report:
+                report.setdefault("lift", {})[baseline] = {k: ours[k] - report[baseline][k] for k in METRIC_KEYS}
         return Evaluation(report, partial(plot_training, report), report_text, "nothing")
 
     def check_evaluate(self, options, config) -> None:
@@ -230,10 +253,64 @@ class Embedding(Task):
         return rows
 
 
+METRIC_KEYS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map")
+
+
+def summary(report) -> dict:
+    return {k: report[k] for k in METRIC_KEYS}
+
+
+def cosines(vectors, is_query):
+    """Query x document similarities of the (normalised) vectors."""
+    vectors = vectors.double()
+    return vectors[is_query] @ vectors[~is_query].T
+
+
+def bm25_similarity(queries, documents):
+    """BM25's scores of every document for each query (0 where it shares no term)."""
+    found, scores = bm25_hits(queries, documents, len(documents))
+    similarity = torch.zeros(len(queries), len(documents), dtype=torch.float64)
+    similarity.scatter_(1, torch.as_tensor(found, dtype=torch.long), torch.as_tensor(scores, dtype=torch.float64))
+    return similarity
+
+
+def untrained_start(folder) -> str | None:
+    """The base model the folder's card names, where it is a local folder (else no untrained column)."""
+    from pathlib import Path
+
+    from huggingface_hub import metadata_load
+
+    card = Path(folder) / "README.md"
+    base = (metadata_load(card) or {}).get("base_model") if card.is_file() else None
+    return base if base and (Path(base) / "config.json").is_file() else None
+
+
+def untrained_vectors(scoring: Retrieval, model, table):
+    """The untrained start's vectors of the same texts, tokenized as the trained model's (same prompts, pooling and
+    tokenizer; a pad row it added gets the mean embedding), on rank 0."""
+    from ..model_kinds import EMBEDDER_KIND
+    from ..tokenization import setup_pad_token
+    from .engines import torch_engine
+
+    config = model.config
+    start = EMBEDDER_KIND.load(
+        scoring.base_model, pooling=config.classifier_pooling, normalize=config.embedding_normalize, dtype=torch.float32
+    ).eval()
+    setup_pad_token(scoring.tokenizer, start)
+    start.to(next(model.parameters()).device)
+    render = TASK.render(scoring, scoring.tokenizer, None, None)
+    ids = render(table.to_dict())[0]
+    return torch_engine(EMBEDDER_KIND, start, scoring.tokenizer, 16)(ids)
+
+
 def report_text(report) -> str:
-    lines = [f"retrieval, {report['queries']} queries over {report['documents']} documents (cosine)"]
-    for key in ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map"):
-        lines.append(f"  {key:10} {report[key]:.4f}")
+    lines = [f"retrieval, {report['queries']} queries over {report['documents']} documents"]
+    columns = [("embedder", report)] + [(name, report[name]) for name in ("bm25", "untrained") if name in report]
+    lines.append(f"  {'':10}" + "".join(f" {name:>10}" for name, _ in columns))
+    for key in METRIC_KEYS:
+        lines.append(f"  {key:10}" + "".join(f" {values[key]:10.4f}" for _, values in columns))
+    if "untrained" in report:
+        lines.append(f"  (untrained: {report['untrained']['model']})")
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from .errors import CliError
 from .ranking_data import (
     RankingLayout,
     explode,
-    mine_negatives,
+    mined_groups,
     ranking_layout,
     read_groups,
     template_ids,
@@ -98,10 +98,7 @@ class Ranking(Task):
     def read(self, options, table, say) -> TrainingData:
         layout = require_layout(table, options, options.train)
         groups = read_groups(table, layout, options, options.train)
-        if bool(options.mine_negatives) != bool(options.corpus):
-            raise CliError("--mine-negatives K and --corpus FILE go together")
-        if options.mine_negatives:
-            groups = mine_negatives(groups, options.corpus, options.mine_negatives, say, options.encoding)
+        groups = mined_groups(groups, options, say)
 
         def read_eval(eval_table):
             return read_groups(

@@ -328,33 +328,57 @@ def tokenized_groups(groups, tokenizer, template: RerankTemplate, limit: int):
     )
 
 
+def corpus_documents(path: str, encoding=None) -> list[str]:
+    """The non-empty texts of a --corpus file (its 'text', 'document' or 'passage' column)."""
+    from .data import read_table
+
+    table = read_table(path, encoding)
+    key = next((k for k in ("text", "document", "passage") if k in table.column_names), None)
+    if key is None:
+        raise CliError(f"--corpus {path}: no 'text', 'document' or 'passage' column")
+    return [str(t) for t in table[key] if t is not None and str(t).strip()]
+
+
+def bm25_hits(queries: list[str], documents: list[str], depth: int):
+    """(indices, scores), each [queries, depth]: the `depth` documents BM25 (bm25s, English stopwords) ranks
+    highest for each query."""
+    import importlib.util
+
+    if importlib.util.find_spec("bm25s") is None:
+        raise CliError("BM25 (--mine-negatives, an embedder's evaluate) needs bm25s: pip install 'stable_models[cli]'")
+    import bm25s
+
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(documents, stopwords="en", show_progress=False), show_progress=False)
+    found, scores = retriever.retrieve(
+        bm25s.tokenize(queries, stopwords="en", show_progress=False), k=depth, show_progress=False
+    )
+    return found, scores
+
+
+def mined_groups(groups, options, say):
+    """The groups with --mine-negatives K hard negatives from --corpus FILE, where asked (the two go together)."""
+    if bool(options.mine_negatives) != bool(options.corpus):
+        raise CliError("--mine-negatives K and --corpus FILE go together")
+    if not options.mine_negatives:
+        return groups
+    return mine_negatives(groups, options.corpus, options.mine_negatives, say, options.encoding)
+
+
 def mine_negatives(groups, corpus_path: str, count: int, say, encoding=None):
     """--mine-negatives K --corpus FILE: each group gains up to K hard negatives, the corpus documents BM25 (bm25s)
     ranks highest for its query that are not already in the group (its positives included) and share a term with
     it."""
-    import importlib.util
-
-    from .data import read_table
-
-    if importlib.util.find_spec("bm25s") is None:
-        raise CliError("--mine-negatives needs bm25s: pip install 'stable_models[cli]'")
-    corpus_table = read_table(corpus_path, encoding)
-    key = next((k for k in ("text", "document", "passage") if k in corpus_table.column_names), None)
-    if key is None:
-        raise CliError(f"--corpus {corpus_path}: no 'text', 'document' or 'passage' column to mine from")
-    corpus = [str(t) for t in corpus_table[key] if t is not None and str(t).strip()]
-    import bm25s
-
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
+    corpus = corpus_documents(corpus_path, encoding)
     widest = max(len(d) for d in groups["documents"])
-    depth = min(len(corpus), count + widest)
-    found, scores = retriever.retrieve(
-        bm25s.tokenize(list(groups["query"]), stopwords="en", show_progress=False), k=depth, show_progress=False
-    )
-    mined = []
-    for documents, hits, values in zip(groups["documents"], found.tolist(), scores.tolist(), strict=True):
+    found, scores = bm25_hits(list(groups["query"]), corpus, min(len(corpus), count + widest))
+    mined, positives_found = [], 0
+    for documents, relevance, hits, values in zip(
+        groups["documents"], groups["relevance"], found.tolist(), scores.tolist(), strict=True
+    ):
         present = set(documents)
+        positives = {d for d, r in zip(documents, relevance, strict=True) if r > 0}
+        positives_found += len(positives & {corpus[j] for j, value in zip(hits, values, strict=True) if value > 0})
         picked = [corpus[j] for j, value in zip(hits, values, strict=True) if value > 0 and corpus[j] not in present]
         mined.append(list(dict.fromkeys(picked))[:count])
 
@@ -369,7 +393,8 @@ def mine_negatives(groups, corpus_path: str, count: int, say, encoding=None):
         groups = groups.map(extend, batched=True, with_indices=True)
     say(
         f"[train] mined {sum(map(len, mined))} BM25 negatives from {len(corpus)} corpus documents "
-        f"({sum(1 for m in mined if len(m) < count)} group(s) got fewer than {count})",
+        f"({sum(1 for m in mined if len(m) < count)} group(s) got fewer than {count}; {positives_found} hit(s) that "
+        "were the group's own positive dropped)",
         file=sys.stderr,
     )
     return groups
