@@ -1,10 +1,11 @@
 """Trainer run used by test_embedding_training.py: `python embedding_worker.py OUT --batch 16 [--accumulate 4]` or
-`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8`: a tiny Qwen2 embedder trained 4 steps by
+`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3]`: a tiny Qwen2 embedder trained 4 steps by
 EmbeddingTrainer (InfoNCE over the global batch, cached per micro-batch) on query / positive / hard-negative rows in
 dataset order, with one positive repeated (a false negative for the other query). Writes the logged losses, grad norms,
 false-negative counts and a weight checksum (rank 0)."""
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,6 +55,24 @@ class MicroBatchTrainer(SequentialTrainer):
         return self.loss(queries, candidates, positive_index, masked) / self.args.gradient_accumulation_steps
 
 
+ZERO3 = {  # Trainer fills the "auto" values from its arguments; its own SGD runs under DeepSpeed
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "train_batch_size": "auto",
+    "gradient_clipping": "auto",
+    "zero_optimization": {"stage": 3},
+    "zero_allow_untested_optimizer": True,
+}
+
+
+def gathered(model, zero3: bool):
+    if not zero3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()))
+
+
 def rows(count=64):
     generator = torch.Generator().manual_seed(3)
 
@@ -75,6 +94,7 @@ def main():
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--micro-batch-negatives", action="store_true", help="no cache: negatives of the micro-batch")
+    parser.add_argument("--zero3", action="store_true", help="DeepSpeed ZeRO-3 (Trainer's own integration)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -89,6 +109,7 @@ def main():
         lr_scheduler_type="constant",
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_timeout=120,
+        deepspeed=ZERO3 if args.zero3 else None,
     )
     trainer = (MicroBatchTrainer if args.micro_batch_negatives else SequentialTrainer)(
         model=model,
@@ -98,14 +119,17 @@ def main():
         loss=InfoNCELoss(temperature=0.1),
     )
     trainer.train()
+    with gathered(trainer.model, args.zero3):  # every rank takes part; rank 0 sums the whole weights
+        weights = sum(p.detach().double().abs().sum().item() for p in trainer.model.parameters())
     if trainer.is_world_process_zero():
         logged = [e for e in trainer.state.log_history if "loss" in e]
         result = {
             "losses": [e["loss"] for e in logged],
             "grad_norms": [e["grad_norm"] for e in logged],
             "false_negatives": [e["false_negatives"] for e in logged],
-            "weights": sum(p.detach().double().abs().sum().item() for p in model.parameters()),
+            "weights": weights,
             "world": trainer.args.world_size,
+            "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else 0,
         }
         with open(args.out, "w") as handle:
             json.dump(result, handle)

@@ -1,7 +1,8 @@
 """Contrastive training of an embedding model is exact over the global batch (issue 58): one batch of 16, 4
 micro-batches of 4 with gradient accumulation, and two processes of 8 (torchrun, gloo) log the same losses and grad
-norms (relative 1e-4) and end with the same weights (1e-6), a repeated positive masked in each. What the cache
-replaces, each micro-batch's queries against its own candidates, trains another model."""
+norms (relative 1e-4) and end with the same weights (1e-6), a repeated positive masked in each. So do two processes
+under DeepSpeed ZeRO-3 (exhaustive tier). What the cache replaces, each micro-batch's queries against its own
+candidates, trains another model."""
 
 from pathlib import Path
 
@@ -43,3 +44,14 @@ def test_the_negatives_of_the_micro_batch_alone_train_another_model(one_batch, t
     alone = run(tmp_path, "alone", 1, 4, "--accumulate", "4", "--micro-batch-negatives")
     assert alone["losses"][0] < 0.7 * one_batch["losses"][0]  # 7 candidates a query, not 31
     assert alone["weights"] != pytest.approx(one_batch["weights"], rel=1e-6)
+
+
+@pytest.mark.exhaustive
+def test_two_processes_under_zero3_train_as_one_batch(one_batch, tmp_path):
+    """DeepSpeed ZeRO-3 (each parameter in slices): the cached loss is ordinary gradient accumulation to it, so the
+    run is the one batch's (the cache's no-graph forward and the replayed forward both gather the slices)."""
+    pytest.importorskip("deepspeed")
+    zero3 = run(tmp_path, "zero3", 2, 8, "--zero3")
+    assert zero3["world"] == 2 and zero3["zero_stage"] == 3 and one_batch["zero_stage"] == 0
+    same(zero3, one_batch)
+    assert zero3["false_negatives"] == [2, 2, 2, 2]

@@ -130,7 +130,8 @@ def test_train_of_a_classifier_refuses_corpus_and_group_key(tmp_path, capsys):
     for extra in (["--corpus", str(data)], ["--group-key", "text"], ["--template", "qwen3"], ["--loss", "ranknet"]):
         assert cli.main([str(a) for a in argv + extra]) == 2
         err = capsys.readouterr().err
-        assert err.endswith(f"{extra[0]} is read for rerankers in train, not for classifiers: drop it\n"), err
+        readers = "rerankers and embedders" if extra[0] == "--corpus" else "rerankers"
+        assert err.endswith(f"{extra[0]} is read for {readers} in train, not for classifiers: drop it\n"), err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

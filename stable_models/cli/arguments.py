@@ -273,7 +273,27 @@ def predict_options(p) -> None:
         "--prompt-name", choices=["query", "document"], help="embedders: put the saved prompt of this name first"
     )
     p.add_argument(
-        "--engine", default="torch", choices=["torch", "vllm"], help="vllm: vLLM's pooling runner (serving extra)"
+        "--engine",
+        default="torch",
+        choices=["torch", "vllm", "ray"],
+        help="vllm: vLLM's pooling runner (serving extra); ray: Ray Data actors, --data shards in, --output a "
+        "folder of Parquet shards (ray extra)",
+    )
+    p.add_argument(
+        "--ray-address", help="with --engine ray: an existing cluster (default: RAY_ADDRESS, or a local one)"
+    )
+    p.add_argument(
+        "--actors", type=int, help="with --engine ray: scoring actors (default: one per GPU, or per 2 cores)"
+    )
+    p.add_argument("--cpus-per-actor", type=float, default=1.0, help="with --engine ray: cores each actor reserves")
+    p.add_argument(
+        "--gpus-per-actor", type=float, help="with --engine ray: GPUs per actor (a fraction shares one; default 1)"
+    )
+    p.add_argument(
+        "--block-rows",
+        type=int,
+        default=1_000,
+        help="with --engine ray: rows per output file, the unit of work and of retry (large runs: 100000)",
     )
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="with --engine vllm: GPUs per model copy")
     p.add_argument("--data-parallel-size", type=int, default=1, help="with --engine vllm: model copies")

@@ -265,6 +265,10 @@ def predict(args) -> int:
     """The task's rows for every input row, in input order: each rank scores its contiguous shard as it streams and
     writes a part file; rank 0 joins them and moves the result onto --output only when it is complete (an
     --overwrite never leaves half a file)."""
+    if args.engine == "ray":  # a cluster's actors write a folder of shards: ray_predict.py
+        from .ray_predict import predict_on_ray
+
+        return predict_on_ray(args)
     job = Job()
     output = Path(args.output)
     job.on_main(lambda: check_prediction_file(output, args.overwrite))

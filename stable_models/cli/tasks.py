@@ -46,7 +46,8 @@ COMMON_OPTIONS = {
     "evaluate": {"config", "model", "data", "encoding", "verbose", "calibrate", "report_dir", "batch_size"},
     "predict": {
         "config", "model", "data", "encoding", "verbose", "output", "overwrite", "batch_size", "engine",
-        "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "vllm_dtype",
+        "tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization", "vllm_dtype", "ray_address", "actors",
+        "cpus_per_actor", "gpus_per_actor", "block_rows",
     },
 }  # fmt: skip
 
