@@ -25,20 +25,30 @@ def text_hash(ids) -> int:
     return zlib.crc32(torch.as_tensor(ids, dtype=torch.int64).numpy().tobytes())
 
 
-class EmbeddingCollator:
-    """Features {query_input_ids, positive_input_ids, negative_input_ids (a list of id lists)} -> one padded batch of
-    every text in the order [queries, positives, negatives], with `queries` (how many), `negatives` (per query) and
-    `hashes` (one per text: which texts are equal)."""
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_example_index")
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+
+class EmbeddingCollator:
+    """Features {query_input_ids, positive_input_ids, negative_input_ids (a list of id lists)} -> one batch of every
+    text in the order [queries, positives, negatives], with `queries` (how many), `negatives` (per query) and
+    `hashes` (one per text: which texts are equal). `packing=True`: the texts packed end to end into rows without
+    padding (`PackedCollator`; the Stable forward pools each text and returns the vectors in this order)."""
+
+    def __init__(self, tokenizer, packing: bool = False):
+        self.tokenizer, self.packing = tokenizer, packing
 
     def __call__(self, features):
         queries = [f["query_input_ids"] for f in features]
         positives = [f["positive_input_ids"] for f in features]
         negatives = [list(n) for f in features for n in f.get("negative_input_ids") or []]
         texts = queries + positives + negatives
-        batch = self.tokenizer.pad({"input_ids": texts}, padding=True, return_tensors="pt")
+        if self.packing:
+            from .packing import PackedCollator
+
+            pad = self.tokenizer.pad_token_id or 0
+            batch = PackedCollator(pad_token_id=pad)([{"input_ids": list(t)} for t in texts])
+        else:
+            batch = self.tokenizer.pad({"input_ids": texts}, padding=True, return_tensors="pt")
         batch["queries"] = torch.tensor(len(queries))
         batch["negatives"] = torch.tensor([len(f.get("negative_input_ids") or []) for f in features])
         batch["hashes"] = torch.tensor([text_hash(t) for t in texts], dtype=torch.int64)
@@ -64,7 +74,8 @@ class EmbeddingTrainer(Trainer):
 
     @staticmethod
     def vectors(model, inputs):
-        return model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).pooler_output.float()
+        given = {k: inputs[k] for k in MODEL_INPUTS if k in inputs}  # padded, or packed (positions, example order)
+        return model(**given).pooler_output.float()
 
     def cache_step(self, batch_samples, device) -> None:
         """Embed the step's micro-batches without a graph, gather across processes, and keep, per micro-batch, the

@@ -24,6 +24,8 @@ from stable_models.registry import embedding_class_for  # noqa: E402
 class Pad:
     """A tokenizer's `pad` for id lists (right padding, pad id 0): all the collator asks of a tokenizer."""
 
+    pad_token_id = 0
+
     def pad(self, features, padding=True, return_tensors="pt"):
         ids = features["input_ids"]
         width = max(len(i) for i in ids)
@@ -95,6 +97,7 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1)
     parser.add_argument("--micro-batch-negatives", action="store_true", help="no cache: negatives of the micro-batch")
     parser.add_argument("--zero3", action="store_true", help="DeepSpeed ZeRO-3 (Trainer's own integration)")
+    parser.add_argument("--packed", action="store_true", help="texts packed end to end, no padding")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -115,7 +118,7 @@ def main():
         model=model,
         args=training,
         train_dataset=rows(),
-        data_collator=EmbeddingCollator(Pad()),
+        data_collator=EmbeddingCollator(Pad(), packing=args.packed),
         loss=InfoNCELoss(temperature=0.1),
     )
     trainer.train()

@@ -359,3 +359,30 @@ def test_a_reranker_trains_evaluates_and_predicts_on_two_processes_like_one(tmp_
     p2, p1 = ([json.loads(line) for line in (tmp_path / p).read_text().splitlines()] for p in ("p2.jsonl", "p1.jsonl"))
     assert [(r["group"], r["document"], r["rank"]) for r in p2] == [(r["group"], r["document"], r["rank"]) for r in p1]
     assert max(abs(a["score"] - b["score"]) for a, b in zip(p2, p1, strict=True)) <= 1e-5
+
+
+@EXHAUSTIVE  # a torchrun job per command: the default run keeps one multi-process case per mechanism
+def test_an_embedder_predicts_and_evaluates_on_two_processes_like_one(tmp_path):
+    """Each rank embeds its contiguous shard and rank 0 writes: the vectors, in input order, and the retrieval report
+    equal a one-process run's."""
+    from consumer_rows import embedder_row
+    from test_ranking_cli import groups, layout_rows
+
+    embedder_row(tmp_path)
+    model = tmp_path / "embedder"
+    texts = write(
+        tmp_path / "texts.jsonl", [{"text": f"review {i}: {'great' if i % 3 else 'dull'}"} for i in range(23)]
+    )
+    launch("predict", "--model", model, "--data", texts, "--output", tmp_path / "p2.jsonl")
+    assert (
+        cli.main(["predict", "--model", str(model), "--data", str(texts), "--output", str(tmp_path / "p1.jsonl")]) == 0
+    )
+    p2, p1 = ([json.loads(line) for line in (tmp_path / p).read_text().splitlines()] for p in ("p2.jsonl", "p1.jsonl"))
+    assert [r["text"] for r in p2] == [r["text"] for r in p1]
+    assert (torch.tensor([r["embedding"] for r in p2]) - torch.tensor([r["embedding"] for r in p1])).abs().max() < 1e-5
+    data = write(tmp_path / "groups.jsonl", layout_rows("flag", groups(12)))
+    launch("evaluate", "--model", model, "--data", data, "--report-dir", tmp_path / "r2")
+    assert cli.main(["evaluate", "--model", str(model), "--data", str(data), "--report-dir", str(tmp_path / "r1")]) == 0
+    two, one = (json.loads((tmp_path / r / "report.json").read_text()) for r in ("r2", "r1"))
+    for key in ("ndcg@10", "mrr@10", "recall@10"):
+        assert two[key] == pytest.approx(one[key], abs=1e-6), key

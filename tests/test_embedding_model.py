@@ -104,7 +104,8 @@ def saved(tmp_path_factory):
     tokenizer = tokenizer_with_eos()
     ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     model = embedder("qwen2", "mean", **WIDE, **ids)
-    model.config.embedding_prompts, model.config.embedding_dimensions = {"query": "query: ", "document": ""}, [64, 32]
+    model.config.embedding_dimensions = [64, 32]
+    model.config.embedding_prompts = {"query": "query: ", "document": "passage: "}
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder, tokenizer
@@ -129,7 +130,7 @@ def test_the_saved_folder_loads_back_as_the_embedder_with_its_options(saved):
     ]
     assert json.loads((folder / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "mean"
     prompts = json.loads((folder / "config_sentence_transformers.json").read_text())["prompts"]
-    assert prompts == {"query": "query: ", "document": ""}
+    assert prompts == {"query": "query: ", "document": "passage: "}
     assert "score.weight" not in __import__("safetensors.torch").torch.load_file(str(folder / "model.safetensors"))
     assert stable_models.cli.main(["verify", str(folder)]) == 0
 
@@ -154,6 +155,8 @@ def test_every_consumer_the_row_marks_as_trained_gives_the_same_vectors(saved):
     assert (torch.tensor(encoder.encode(TEXTS)) - expected).abs().max() <= 1e-5
     queries = torch.tensor(encoder.encode_query(TEXTS))  # the saved prompt, as our tokenizer renders it
     assert (queries - ours(folder, tokenizer, [f"query: {t}" for t in TEXTS])).abs().max() <= 1e-5
+    documents = torch.tensor(encoder.encode_document(TEXTS))  # the saved document prompt
+    assert (documents - ours(folder, tokenizer, [f"passage: {t}" for t in TEXTS])).abs().max() <= 1e-5
 
     stock = AutoModel.from_pretrained(folder).eval()  # the refused cell: token states, no vector
     assert not cells["transformers, stock class"].ok and not type(stock).__name__.startswith("Stable")

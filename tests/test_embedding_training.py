@@ -33,6 +33,11 @@ def test_micro_batches_with_accumulation_train_as_one_batch(one_batch, tmp_path)
     assert one_batch["false_negatives"] == [2, 2, 2, 2]  # the repeated positive, masked from both its queries
 
 
+def test_packed_micro_batches_train_as_the_padded_batch(one_batch, tmp_path):
+    """Every text of a micro-batch laid end to end in rows without padding: the same vectors, so the same run."""
+    same(run(tmp_path, "packed", 1, 4, "--accumulate", "4", "--packed"), one_batch)
+
+
 def test_two_processes_train_as_one_batch(one_batch, tmp_path):
     two = run(tmp_path, "two", 2, 8)
     assert two["world"] == 2

@@ -292,8 +292,8 @@ def predict_options(p) -> None:
     p.add_argument(
         "--block-rows",
         type=int,
-        default=1_000,
-        help="with --engine ray: rows per output file, the unit of work and of retry (large runs: 100000)",
+        help="with --engine ray: rows per output file, the unit of work and of retry (default: 4 blocks an actor, "
+        "100 to 100000 rows)",
     )
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="with --engine vllm: GPUs per model copy")
     p.add_argument("--data-parallel-size", type=int, default=1, help="with --engine vllm: model copies")

@@ -129,9 +129,10 @@ class Embedding(Task):
         return column_max(train_set, "length")
 
     def collator(self, tokenizer, packing: bool, model):
+        """Packed rows without padding, where the model takes them (padded for recurrent models, --no-packing)."""
         from ..embedding_training import EmbeddingCollator
 
-        return EmbeddingCollator(tokenizer)
+        return EmbeddingCollator(tokenizer, packing=packing)
 
     def trainer_class(self):
         from ..embedding_training import EmbeddingTrainer

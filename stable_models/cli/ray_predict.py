@@ -10,12 +10,13 @@ the block's rows to `OUTPUT/<shard>-<first row>.parquet` under a temporary name,
 - memory stays flat: an actor holds one chunk of one block; the driver holds a summary per block.
 
 Each row holds predict's fields, `shard` (the input file's name), `row` (its row in that file, 0 = first) and the
-input's `id` where it has that column; a
-reranker's group layout gets its documents' ranks (a row holds the whole group); pointwise reranker rows get no
-rank (a query's rows may lie in different blocks) and `--top-k` is refused. `Predictor` is the same scoring as a
-class UDF for users' own Ray pipelines.
+input's `id` where it has that column. A reranker's group layout gets its documents' ranks (a row holds the whole
+group); ranks over several input rows (a reranker's pointwise rows, a reward model's --group-key) are left out, as
+a group may lie in several blocks, and `--top-k` is refused.
+`Predictor` is the same scoring as a class UDF for users' own Ray pipelines.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from .errors import CliError
 
 RAY_SPEC = "ray[data]==2.60.0"  # the release the cluster tier tests (tests/cluster)
 SUFFIXES = (".parquet", ".jsonl")
+MIN_BLOCK_ROWS, MAX_BLOCK_ROWS, BLOCKS_PER_ACTOR = 100, 100_000, 4  # the default --block-rows
 CHUNK_ROWS = 1_024  # rows an actor tokenizes while it scores the previous chunk
 RUN_FILE = "_run.json"  # what the run is (model, data, options): a re-run with the same resumes
 SUMMARY_FILE = "_SUCCESS.json"  # written last: the run is complete
@@ -71,13 +73,19 @@ def shard_rows(path: Path) -> int:
         return sum(1 for line in handle if line.strip())
 
 
-def blocks_of(shards: list[Path], block_rows: int) -> list[Block]:
+def blocks_of(rows: dict, size: int) -> list[Block]:
+    """The blocks of `size` rows of each shard (`rows`: its rows by shard)."""
     return [
-        Block(str(shard), start, min(start + block_rows, rows), f"{shard.stem}-{start:012d}.parquet")
-        for shard in shards
-        for rows in [shard_rows(shard)]
-        for start in range(0, rows, block_rows)
+        Block(str(shard), start, min(start + size, count), f"{shard.stem}-{start:012d}.parquet")
+        for shard, count in rows.items()
+        for start in range(0, count, size)
     ]
+
+
+def default_block_rows(total: int, actors: int) -> int:
+    """BLOCKS_PER_ACTOR blocks for each actor (work shared evenly to the end, long sorted batches within a block),
+    within [MIN_BLOCK_ROWS, MAX_BLOCK_ROWS]."""
+    return min(MAX_BLOCK_ROWS, max(MIN_BLOCK_ROWS, -(-total // (actors * BLOCKS_PER_ACTOR))))
 
 
 def read_block(block: Block, chunk_rows: int = CHUNK_ROWS):
@@ -118,10 +126,12 @@ class Predictor:
     """predict's rows for a batch of input rows, with the model loaded once: a class UDF for Ray Data's
     `map_batches` (batch_format="pyarrow"), or for any loop over batches.
 
-        ds.map_batches(Predictor, fn_constructor_kwargs={"model": folder}, batch_format="pyarrow", concurrency=2)
+        ds.map_batches(Predictor, fn_constructor_kwargs={"model": folder}, batch_format="pyarrow",
+                       compute=ray.data.ActorPoolStrategy(size=2))
 
-    `options`: predict's options by name (`text_key="text"`, `prompt_name="query"`, `group_key=...`). Rows longer
-    than the model's limit are cut as predict cuts them and counted in `cut_rows`."""
+    `options`: predict's options by name (`text_key="text"`, `prompt_name="query"`, `group_key=...`; `top_k` needs
+    whole groups and is refused). Rows longer than the model's limit are cut as predict cuts them and counted in
+    `cuts.rows`."""
 
     def __init__(self, model: str, batch_size: int = 16, device=None, **options):
         from .arguments import parse
@@ -130,6 +140,8 @@ class Predictor:
         from .folders import config_and_tokenizer, task_of_folder
         from .tasks import refuse_unread
 
+        if options.get("top_k"):
+            raise CliError("top_k needs whole groups, which a batch may split: rank from the output's scores")
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not None]
         args = parse(["predict", f"--model={model}", "--data=rows", "--output=rows.parquet", *flags])
         self.config, self.tokenizer = config_and_tokenizer(args.model)
@@ -138,7 +150,7 @@ class Predictor:
         self.options = self.task.options(args)
         model = load_model(self.task.model_kind, args.model, device, self.config)
         self.engine = torch_engine(self.task.model_kind, model, self.tokenizer, batch_size)
-        self.cuts = CutCount()
+        self.cuts, self.unranked = CutCount(), False  # unranked: ranks over several input rows were left out
 
     def tokenized(self, table, source: str = "the batch"):
         """(the scored rows, their sides of token ids, the task's scoring input) of a pyarrow table of input rows;
@@ -160,7 +172,9 @@ class Predictor:
         logits = self.engine([ids for side in sides for ids in side]).float()
         scores = logits.reshape(len(sides), len(sides[0]), -1).transpose(0, 1)
         rows = self.task.prediction_rows(batch, scores, scoring, self.config, self.options)
-        rows = ranked(rows, self.task.ranked_by(scoring, self.options), scoring)
+        ranked_by = self.task.ranked_by(scoring, self.options)
+        rows = ranked(rows, ranked_by, scoring)
+        self.unranked = self.unranked or (ranked_by is not None and getattr(scoring, "pointwise_rows", True))
         inputs = list(batch["group"]) if "group" in batch else list(range(len(rows)))  # a group: one input row
         if "id" in table.column_names:
             ids = table.column("id").to_pylist()
@@ -207,13 +221,14 @@ class BlockWriter:
     def __call__(self, batch):
         import resource
 
-        summaries = {"name": [], "rows": [], "cut": [], "peak_rss_mb": []}
+        summaries = {"name": [], "rows": [], "cut": [], "peak_rss_mb": [], "unranked": []}
         for fields in zip(*(batch[k] for k in ("shard", "start", "stop", "name")), strict=True):
             block = Block(str(fields[0]), int(fields[1]), int(fields[2]), str(fields[3]))
             cut_before = self.predictor.cuts.rows
             summaries["name"].append(block.name)
             summaries["rows"].append(self.write(block))
             summaries["cut"].append(self.predictor.cuts.rows - cut_before)
+            summaries["unranked"].append(self.predictor.unranked)
             summaries["peak_rss_mb"].append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
         return summaries
 
@@ -291,20 +306,23 @@ def prefetched(chunks, tokenize):
         yield value
 
 
-def run_record(args, blocks: list[Block], options: dict) -> dict:
-    return {
-        "model": str(Path(args.model).resolve()),
-        "data": [str(Path(b).resolve()) for b in sorted({b.shard for b in blocks})],
-        "block_rows": args.block_rows,
-        "options": options,
-    }
+def run_record(args, shards: list[Path], options: dict) -> dict:
+    """What a run is: a re-run with the same record resumes (with the block size the record keeps)."""
+    return {"model": str(Path(args.model).resolve()), "data": [str(p) for p in shards], "options": options}
+
+
+def recorded_block_rows(output: Path, record: dict) -> int | None:
+    """The block size of the same run, written into `output` before (a re-run cuts the blocks it cut)."""
+    run_file = output / RUN_FILE
+    if not run_file.is_file():
+        return None
+    previous = json.loads(run_file.read_text())
+    return previous.get("block_rows") if {**previous, "block_rows": None} == {**record, "block_rows": None} else None
 
 
 def prepared_output(output: Path, record: dict, overwrite: bool) -> set[str]:
     """The output folder for this run; the names of the blocks already committed to it (a re-run of the same run
     resumes; another run's folder is refused unless --overwrite, which empties it)."""
-    if output.suffix in (".jsonl", ".csv", ".parquet"):
-        raise CliError(f"--output {output}: --engine ray writes a folder of Parquet shards; name a folder")
     run_file = output / RUN_FILE
     if output.exists() and any(output.iterdir()):
         same = run_file.is_file() and json.loads(run_file.read_text()) == record
@@ -361,23 +379,31 @@ def predict_on_ray(args) -> int:
     task = task_of_folder(config, args.model)
     refuse_unread(args, task, "predict")
     options = {name: getattr(args, name) for name in task.reads.get("predict", ()) if name in args.given}
-    blocks = blocks_of(input_shards(args.data), args.block_rows)
-    output = Path(args.output)
-    done = prepared_output(output, run_record(args, blocks, options), args.overwrite)
-    todo = [b for b in blocks if b.name not in done]
-    print(
-        f"[predict] {sum(b.stop - b.start for b in blocks)} rows in {len(blocks)} block(s) of up to "
-        f"{args.block_rows}; {len(blocks) - len(todo)} already written",
-        file=sys.stderr,
-    )
-    rows, cut, peak = run_blocks(args, todo, options, output) if todo else (0, 0, 0.0)
+    shards, output = input_shards(args.data), Path(args.output)
+    if output.suffix in (".jsonl", ".csv", ".parquet"):
+        raise CliError(f"--output {output}: --engine ray writes a folder of Parquet shards; name a folder")
+    with ray_connection(args):
+        placement = ray_options(args)
+        rows = {shard: shard_rows(shard) for shard in shards}
+        record = run_record(args, shards, options)
+        size = args.block_rows or recorded_block_rows(output, record)
+        size = size or default_block_rows(sum(rows.values()), placement["actors"])
+        blocks = blocks_of(rows, size)
+        done = prepared_output(output, {**record, "block_rows": size}, args.overwrite)
+        todo = [b for b in blocks if b.name not in done]
+        print(
+            f"[predict] {sum(rows.values())} rows in {len(blocks)} block(s) of up to {size}, "
+            f"{placement['actors']} actor(s); {len(blocks) - len(todo)} already written",
+            file=sys.stderr,
+        )
+        scored, cut, peak = run_blocks(args, todo, options, output, placement) if todo else (0, 0, 0.0)
     missing = [b.name for b in blocks if not (output / b.name).is_file()]
     if missing:
         raise CliError(f"--engine ray: {len(missing)} block(s) not written ({missing[0]}, ...); run the command again")
     for stale in output.glob(".*.tmp"):  # a killed worker's unfinished file
         stale.unlink(missing_ok=True)
-    total = sum(b.stop - b.start for b in blocks)
-    summary = {"rows": total, "blocks": len(blocks), "scored_now": rows, "cut_now": cut, "peak_actor_rss_mb": peak}
+    total = sum(rows.values())
+    summary = {"rows": total, "blocks": len(blocks), "scored_now": scored, "cut_now": cut, "peak_actor_rss_mb": peak}
     (output / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     if cut:
         print(f"[predict] warning: {cut} row(s) longer than the model's limit were cut to it", file=sys.stderr)
@@ -385,9 +411,10 @@ def predict_on_ray(args) -> int:
     return 0
 
 
-def run_blocks(args, todo: list[Block], options: dict, output: Path) -> tuple[int, int, float]:
-    """Score and write `todo` on the cluster (--ray-address, RAY_ADDRESS, or a local one); (rows, rows cut, the
-    largest peak resident memory of an actor in MB)."""
+@contextlib.contextmanager
+def ray_connection(args):
+    """Ray as the caller has it, or connected to --ray-address / RAY_ADDRESS, or a local cluster started for the run
+    (and shut down after it)."""
     import ray
 
     started = not ray.is_initialized()
@@ -395,45 +422,57 @@ def run_blocks(args, todo: list[Block], options: dict, output: Path) -> tuple[in
         address = args.ray_address or os.environ.get("RAY_ADDRESS")
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        placement = ray_options(args)
-        crash = os.environ.get("STABLE_MODELS_RAY_CRASH_BLOCK"), os.environ.get("STABLE_MODELS_RAY_CRASH_MARKER")
-        exit_after = int(os.environ.get("STABLE_MODELS_RAY_DRIVER_EXIT_AFTER", "0"))
-        data = ray.data.from_items([asdict(b) for b in todo], override_num_blocks=len(todo))
-        with warnings.catch_warnings():  # Ray 2.60 names no parameter for bounded restarts: ray_remote_args it is
-            warnings.simplefilter("ignore", DeprecationWarning)
-            written = data.map_batches(
-                BlockWriter,
-                batch_size=1,
-                compute=ray.data.ActorPoolStrategy(size=placement["actors"]),
-                num_cpus=placement["num_cpus"],
-                num_gpus=placement["num_gpus"],
-                fn_constructor_kwargs={
-                    "model": str(Path(args.model).resolve()),
-                    "output": str(output.resolve()),
-                    "options": options,
-                    "batch_size": args.batch_size,
-                    "crash_block": crash[0],
-                    "crash_marker": crash[1],
-                },
-                max_restarts=RETRIES,  # a killed actor comes back, and its block is retried (its file overwritten);
-                max_task_retries=RETRIES,  # a block that kills every actor stops the run instead of looping
-            )
-        rows = cut = finished = peak = 0
-        try:
-            for summary in written.iter_rows():
-                rows, cut, finished = rows + summary["rows"], cut + summary["cut"], finished + 1
-                peak = max(peak, summary["peak_rss_mb"])
-                if exit_after and finished >= exit_after:
-                    os._exit(3)  # tests: the driver killed mid-run
-        except Exception as error:  # Ray's wrapping of a block's or an actor's failure: its cause, in one line
-            raise CliError(
-                f"--engine ray: {finished} block(s) written, then: {first_cause(error)} (the written blocks are kept: "
-                "run the command again to go on)"
-            ) from None
-        return rows, cut, peak
+        yield
     finally:
         if started:
             ray.shutdown()
+
+
+def run_blocks(args, todo: list[Block], options: dict, output: Path, placement: dict) -> tuple[int, int, float]:
+    """Score and write `todo` on the cluster; (rows, rows cut, the largest peak resident memory of an actor in MB)."""
+    import ray
+
+    crash = os.environ.get("STABLE_MODELS_RAY_CRASH_BLOCK"), os.environ.get("STABLE_MODELS_RAY_CRASH_MARKER")
+    exit_after = int(os.environ.get("STABLE_MODELS_RAY_DRIVER_EXIT_AFTER", "0"))
+    data = ray.data.from_items([asdict(b) for b in todo], override_num_blocks=len(todo))
+    with warnings.catch_warnings():  # Ray 2.60 names no parameter for bounded restarts: ray_remote_args it is
+        warnings.simplefilter("ignore", DeprecationWarning)
+        written = data.map_batches(
+            BlockWriter,
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=placement["actors"]),
+            num_cpus=placement["num_cpus"],
+            num_gpus=placement["num_gpus"],
+            fn_constructor_kwargs={
+                "model": str(Path(args.model).resolve()),
+                "output": str(output.resolve()),
+                "options": options,
+                "batch_size": args.batch_size,
+                "crash_block": crash[0],
+                "crash_marker": crash[1],
+            },
+            max_restarts=RETRIES,  # a killed actor comes back, and its block is retried (its file overwritten);
+            max_task_retries=RETRIES,  # a block that kills every actor stops the run instead of looping
+        )
+    rows = cut = finished = peak = unranked = 0
+    try:
+        for summary in written.iter_rows():
+            rows, cut, finished = rows + summary["rows"], cut + summary["cut"], finished + 1
+            peak, unranked = max(peak, summary["peak_rss_mb"]), unranked or summary["unranked"]
+            if exit_after and finished >= exit_after:
+                os._exit(3)  # tests: the driver killed mid-run
+    except Exception as error:  # Ray's wrapping of a block's or an actor's failure: its cause, in one line
+        raise CliError(
+            f"--engine ray: {finished} block(s) written, then: {first_cause(error)} (the written blocks are kept: "
+            "run the command again to go on)"
+        ) from None
+    if unranked:
+        print(
+            "[predict] no rank field: a group's rows (pointwise query / document rows, --group-key) may lie in "
+            "several blocks; rank them from the output's scores, or use --engine torch",
+            file=sys.stderr,
+        )
+    return rows, cut, peak
 
 
 def first_cause(error: Exception) -> str:

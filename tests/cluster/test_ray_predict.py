@@ -112,7 +112,7 @@ CASES = {  # task: (folder, input rows, the fields compared)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_each_tasks_rows_are_one_process_predicts(case, cluster, folders, tmp_path):
+def test_each_tasks_rows_are_one_process_predicts(case, cluster, folders, tmp_path, capfd):
     name, rows, fields = CASES[case]
     expected = one_process(folders / name, rows, tmp_path)
     data = write_shards(tmp_path / "in", rows)
@@ -131,8 +131,11 @@ def test_each_tasks_rows_are_one_process_predicts(case, cluster, folders, tmp_pa
     for ours, theirs in pairs:
         assert all(close(theirs[k], ours[k]) for k in fields), (ours, theirs)
         assert ours.get("id") == rows[input_index(ours, first)].get("id")  # the input's id, where it has one
-    if case == "reranker, pointwise rows":
-        assert "rank" not in got[0]  # a query's rows may lie in several blocks: no rank, said in the docs
+    said = capfd.readouterr().err
+    if case == "reranker, pointwise rows":  # a query's rows may lie in several blocks: no rank, and the run says so
+        assert "rank" not in got[0] and "[predict] no rank field" in said
+    else:
+        assert "no rank field" not in said
 
 
 def complete(output: Path, count: int) -> None:

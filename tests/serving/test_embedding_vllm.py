@@ -65,3 +65,28 @@ def test_the_vllm_server_embeds_as_the_folder_says_with_dimensions(tmp_path):
     truncated = torch.nn.functional.normalize(expected[:, :32], dim=-1)  # Matryoshka: the first 32, normalised
     got = torch.tensor([item["embedding"] for item in short["data"]], dtype=torch.float64)
     assert (got - truncated).abs().max() <= TOLERANCE
+
+
+def test_predict_with_the_vllm_engine_writes_the_torch_engines_vectors(tmp_path):
+    """`stable-models predict --engine vllm` on an embedder: the same rows in the same order, each `embedding` within
+    1e-4 of the torch engine's, the saved query prompt put first by both."""
+    import json
+
+    from stable_models import cli
+
+    build(tmp_path / "model", "last")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    config["embedding_prompts"] = {"query": "query: ", "document": ""}
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    rows = {}
+    for engine in ("torch", "vllm"):
+        out = tmp_path / f"{engine}.jsonl"
+        argv = ["predict", "--model", str(tmp_path / "model"), "--data", str(data), "--output", str(out)]
+        assert cli.main([*argv, "--engine", engine, "--prompt-name", "query"]) == 0
+        rows[engine] = [json.loads(line) for line in out.read_text().splitlines()]
+    cleanup_dist_env_and_memory()
+    assert [r["text"] for r in rows["vllm"]] == [r["text"] for r in rows["torch"]] == TEXTS
+    vectors = {e: torch.tensor([r["embedding"] for r in rows[e]], dtype=torch.float64) for e in rows}
+    assert (vectors["vllm"] - vectors["torch"]).abs().max() <= TOLERANCE
