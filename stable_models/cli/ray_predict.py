@@ -130,8 +130,8 @@ class Predictor:
                        compute=ray.data.ActorPoolStrategy(size=2))
 
     `options`: predict's options by name (`text_key="text"`, `prompt_name="query"`, `group_key=...`; `top_k` needs
-    whole groups and is refused). Rows longer than the model's limit are cut as predict cuts them and counted in
-    `cuts.rows`."""
+    whole groups and is refused). `device`: the GPU where the actor has one, else the CPU. Rows longer than the
+    model's limit are cut as predict cuts them and counted in `cuts.rows`."""
 
     def __init__(self, model: str, batch_size: int = 16, device=None, **options):
         from .arguments import parse
@@ -148,6 +148,9 @@ class Predictor:
         self.task = task_of_folder(self.config, args.model)
         refuse_unread(args, self.task, "predict")
         self.options = self.task.options(args)
+        import torch
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")  # the actor's GPU, where it has one
         model = load_model(self.task.model_kind, args.model, device, self.config)
         self.engine = torch_engine(self.task.model_kind, model, self.tokenizer, batch_size)
         self.cuts, self.unranked = CutCount(), False  # unranked: ranks over several input rows were left out
@@ -212,10 +215,7 @@ class BlockWriter:
     under the temporary name and not yet renamed."""
 
     def __init__(self, model, output, options, batch_size=16, crash_block=None, crash_marker=None):
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else None
-        self.predictor = Predictor(model, batch_size, device, **options)
+        self.predictor = Predictor(model, batch_size, **options)
         self.output, self.crash = Path(output), (crash_block, crash_marker)
 
     def __call__(self, batch):
