@@ -138,6 +138,20 @@ def test_each_tasks_rows_are_one_process_predicts(case, cluster, folders, tmp_pa
         assert "no rank field" not in said
 
 
+def test_rows_longer_than_the_model_are_cut_as_predict_cuts_them_and_counted(cluster, tmp_path, capfd):
+    build(BY_ROW["classifier"], tmp_path / "short", max_length=64)  # the saved tokenizer cuts at 64 tokens
+    rows = [{"id": f"t{i}", "text": "the plot was dull " * (40 if i in (2, 9) else 1)} for i in range(12)]
+    expected = one_process(tmp_path / "short", rows, tmp_path)
+    output = tmp_path / "out"
+    argv = ["predict", "--model", str(tmp_path / "short"), "--data", str(write_shards(tmp_path / "in", rows))]
+    capfd.readouterr()
+    assert cli.main([*argv, "--output", str(output), *RAY]) == 0
+    assert json.loads((output / "_SUCCESS.json").read_text())["cut_now"] == 2
+    assert "2 row(s) longer than the model's limit were cut" in capfd.readouterr().err
+    for ours in ray_rows(output):
+        assert close(expected[input_index(ours, len(rows) // 3)]["probabilities"], ours["probabilities"])
+
+
 def complete(output: Path, count: int) -> None:
     rows = ray_rows(output)
     keys = [(r["shard"], r["row"]) for r in rows]
