@@ -52,7 +52,7 @@ class PredictionWriter:
                     if ranks is not None:
                         group, field = self.ranked_by
                         scores = ranks[group_of(row[group])]
-                        row["rank"] = len(scores) - bisect.bisect_right(scores, row[field]) + 1  # 1 = highest
+                        row["rank"] = rank_in(scores, row[field])
                         if self.top_k and row["rank"] > self.top_k:
                             continue
                     write_row(row)
@@ -68,6 +68,11 @@ class PredictionWriter:
         for row in rows_of(parts):
             scores.setdefault(group_of(row[group]), []).append(row[field])
         return {key: sorted(values) for key, values in scores.items()}
+
+
+def rank_in(sorted_scores: list, value) -> int:
+    """A score's rank among its group's scores (sorted ascending): 1 = highest; ties share the better rank."""
+    return len(sorted_scores) - bisect.bisect_right(sorted_scores, value) + 1
 
 
 def group_of(value) -> str:

@@ -200,12 +200,15 @@ def ranked(rows: list[dict], ranked_by, scoring) -> list[dict]:
         for row in rows:
             row.pop("rank", None)
         return rows
+    from .outputs import rank_in
+
     group, field = ranked_by
     scores: dict = {}
     for row in rows:
         scores.setdefault(row[group], []).append(row[field])
+    ordered = {key: sorted(values) for key, values in scores.items()}
     for row in rows:
-        row["rank"] = 1 + sum(1 for s in scores[row[group]] if s > row[field])
+        row["rank"] = rank_in(ordered[row[group]], row[field])  # predict's rule (PredictionWriter)
     return rows
 
 
