@@ -91,12 +91,12 @@ def untrained_start(base: Path, folder: Path):
     from transformers import AutoTokenizer
 
     import stable_models
-    from stable_models.cli.ranking import init_score_from_tokens
+    from stable_models.cli.ranking import causal_lm, init_score_from_tokens
     from stable_models.templates import RerankTemplate, attach_template
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = stable_models.from_pretrained(base, num_labels=1, id2label={0: "score"}, label2id={"score": 0})
-    init_score_from_tokens(model, str(base), tokenizer, "yes", "no")
+    init_score_from_tokens(model, causal_lm(str(base)), tokenizer, "yes", "no")  # the LM's own head
     attach_template(model, tokenizer, RerankTemplate(TEMPLATE, ""))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
