@@ -1,8 +1,12 @@
 """Trainer run used by test_embedding_training.py: `python embedding_worker.py OUT --batch 16 [--accumulate 4]` or
-`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3]`: a tiny Qwen2 embedder trained 4 steps by
-EmbeddingTrainer (InfoNCE over the global batch, cached per micro-batch) on query / positive / hard-negative rows in
-dataset order, with one positive repeated (a false negative for the other query). Writes the logged losses, grad norms,
-false-negative counts and a weight checksum (rank 0)."""
+`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3 | --fsdp]`: a tiny Qwen2 embedder trained 4
+steps by EmbeddingTrainer (InfoNCE over the global batch, cached per micro-batch) on query / positive / hard-negative
+rows in dataset order, with one positive repeated (a false negative for the other query). Writes the logged losses,
+grad norms, false-negative counts and a weight checksum (rank 0).
+
+`--fsdp`: Trainer runs FSDP only on GPUs, so on gloo the model is sharded with torch's `fully_shard` (FSDP2) and the
+trainer's own step (`cache_step`, then `compute_loss` per micro-batch) runs in Trainer's order: cache, forward and
+backward each micro-batch, clip to `max_grad_norm`, SGD step."""
 
 import argparse
 import contextlib
@@ -75,6 +79,47 @@ def gathered(model, zero3: bool):
     return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
+def fsdp_run(trainer, batch: int) -> dict:
+    """Trainer's optimizer step, by hand, on an FSDP2 model: each rank's micro-batch of the global batch of
+    2 x `batch` rows (rank r its r-th slice, as Trainer's sharded loader gives), the cache over both, the replayed
+    forward and backward (FSDP2 reduce-scatters the mean gradient), the clip and the step."""
+    from torch.distributed.fsdp import fully_shard
+
+    model, args = trainer.model, trainer.args
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
+    collate, data, world, rank = trainer.data_collator, rows(), args.world_size, args.process_index
+    losses, norms, false_negatives = [], [], []
+    for step in range(args.max_steps):
+        start = step * batch * world + rank * batch
+        inputs = collate(data[start : start + batch])
+        trainer.cache_step([inputs], torch.device("cpu"))
+        model.train()
+        loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        norms.append(norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item())
+        false_negatives.append(trainer.false_negatives)
+    weights = sum(
+        (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().abs().sum().item()
+        for p in model.parameters()
+    )
+    sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "false_negatives": false_negatives,
+        "weights": weights,
+        "world": world,
+        "sharded": sharded,
+    }
+
+
 def rows(count=64):
     generator = torch.Generator().manual_seed(3)
 
@@ -98,6 +143,7 @@ def main():
     parser.add_argument("--micro-batch-negatives", action="store_true", help="no cache: negatives of the micro-batch")
     parser.add_argument("--zero3", action="store_true", help="DeepSpeed ZeRO-3 (Trainer's own integration)")
     parser.add_argument("--packed", action="store_true", help="texts packed end to end, no padding")
+    parser.add_argument("--fsdp", action="store_true", help="torch's fully_shard (FSDP2), Trainer's step by hand")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -121,6 +167,13 @@ def main():
         data_collator=EmbeddingCollator(Pad(), packing=args.packed),
         loss=InfoNCELoss(temperature=0.1),
     )
+    if args.fsdp:
+        result = fsdp_run(trainer, args.batch)
+        if trainer.is_world_process_zero():
+            with open(args.out, "w") as handle:
+                json.dump(result, handle)
+        leave_process_group()
+        return
     trainer.train()
     with gathered(trainer.model, args.zero3):  # every rank takes part; rank 0 sums the whole weights
         weights = sum(p.detach().double().abs().sum().item() for p in trainer.model.parameters())

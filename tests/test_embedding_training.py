@@ -60,3 +60,14 @@ def test_two_processes_under_zero3_train_as_one_batch(one_batch, tmp_path):
     assert zero3["world"] == 2 and zero3["zero_stage"] == 3 and one_batch["zero_stage"] == 0
     same(zero3, one_batch)
     assert zero3["false_negatives"] == [2, 2, 2, 2]
+
+
+@pytest.mark.exhaustive
+def test_two_processes_under_fsdp2_train_as_one_batch(one_batch, tmp_path):
+    """FSDP2 (torch's `fully_shard`; Trainer runs FSDP only on GPUs, so the worker runs Trainer's step by hand on
+    gloo): every parameter sharded, the cache's no-graph forward and the replayed one each gather it, and the
+    reduce-scatter averages the scaled gradients: the one batch's run."""
+    fsdp = run(tmp_path, "fsdp", 2, 8, "--fsdp")
+    assert fsdp["world"] == 2 and fsdp["sharded"]
+    same(fsdp, one_batch)
+    assert fsdp["false_negatives"] == [2, 2, 2, 2]
