@@ -102,7 +102,17 @@ def untrained_start(base: Path, folder: Path):
     tokenizer.save_pretrained(folder)
 
 
-def main():
+def train_reranker(base: Path, train: Path, dev: Path, model: Path, args) -> None:
+    step(
+        "train: LoRA, listwise loss on packed question groups, from the LM's yes / no log-odds",
+        ["train", "--model", base, "--train", train, "--eval", dev, "--output", model, "--overwrite"]
+        + ["--template", TEMPLATE, "--init-from-tokens", "yes", "no", "--negatives", args.negatives]
+        + ["--max-steps", args.max_steps, "--batch-size", 4, "--eval-steps", args.max_steps, "--lr", args.lr]
+        + ["--seed", args.seed, "--max-length", 256],
+    )
+
+
+def parser_of():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-questions", type=int, default=600, help="questions to train on (8 more for dev)")
     parser.add_argument("--test-questions", type=int, default=50, help="held-out questions reranked in the test")
@@ -112,7 +122,11 @@ def main():
     parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate")
     parser.add_argument("--output", type=Path, default=ROOT / "outputs" / "rerank-demo", help="data, model, reports")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = parser_of().parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     fetch("sciq")
     base, data = CACHE / "models" / "smollm2-135m", CACHE / "data" / "sciq.jsonl"
@@ -125,13 +139,7 @@ def main():
     step(
         "evaluate the untrained start: the LM's log-odds of yes over no", ["evaluate", "--model", start, "--data", test]
     )
-    step(
-        "train: LoRA, listwise loss on packed question groups, from the LM's yes / no log-odds",
-        ["train", "--model", base, "--train", train, "--eval", dev, "--output", model, "--overwrite"]
-        + ["--template", TEMPLATE, "--init-from-tokens", "yes", "no", "--negatives", args.negatives]
-        + ["--max-steps", args.max_steps, "--batch-size", 4, "--eval-steps", args.max_steps, "--lr", args.lr]
-        + ["--seed", args.seed, "--max-length", 256],
-    )
+    train_reranker(base, train, dev, model, args)
     step("evaluate the trained reranker on the same test questions", ["evaluate", "--model", model, "--data", test])
     ranked = args.output / "ranked.jsonl"
     step(

@@ -9,11 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("command", ["demo", "finetune", "real"])
+@pytest.mark.parametrize("command", ["demo", "demo --reward", "demo --rerank", "demo --embed", "finetune", "real"])
 def test_help_does_not_download_the_checkpoints(command, tmp_path):
     env = {**os.environ, "STABLE_MODELS_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
-        [str(ROOT / "dev"), command, "--help"], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+        [str(ROOT / "dev"), *command.split(), "--help"], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout

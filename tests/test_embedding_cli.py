@@ -143,7 +143,7 @@ def test_evaluate_reports_retrieval_over_the_files_documents(trained, tmp_path, 
     assert run("evaluate", "--model", folder, "--data", data, "--report-dir", tmp_path) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["queries"] == 16 and report["documents"] == len({d for g in groups(16) for d in g[1] + g[2]})
-    for key in ("ndcg@10", "mrr@10", "recall@10", "recall@100"):
+    for key in ("ndcg@10", "mrr@10", "recall@10", "recall@20", "recall@100"):
         assert 0.0 <= report[key] <= 1.0, key
     assert report["recall@100"] == 1.0  # fewer documents than 100: each query finds its own
     assert run("evaluate", "--model", folder, "--data", data, "--calibrate") == 2

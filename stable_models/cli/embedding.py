@@ -7,6 +7,7 @@ so `--task embedding` names it.
 """
 
 import sys
+import warnings
 from dataclasses import dataclass
 from functools import partial
 
@@ -30,7 +31,7 @@ from .task_steps import (
     read_in,
 )
 
-CUTOFFS = (1, 10, 100)  # recall@100 for a first stage's depth; NDCG@10 and MRR@10 its quality
+CUTOFFS = (1, 10, 20, 100)  # recall@20 / @100: a reranker's depths over this first stage; NDCG@10, MRR@10 its quality
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class Embedding(Task):
         return render
 
     def evaluation(self, options, model, table, scoring, scores) -> Evaluation:
-        """NDCG@10, MRR@10 and recall@1/10/100 of ranking every document for each query by cosine, beside BM25's
+        """NDCG@10, MRR@10 and recall@1/10/20/100 of ranking every document for each query by cosine, beside BM25's
         ranking and the untrained start's (where there is one), and the lift over each."""
         from ..evaluators import RankingEvaluator
         from .plots import plot_training
@@ -254,7 +255,7 @@ class Embedding(Task):
         return rows
 
 
-METRIC_KEYS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map")
+METRIC_KEYS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@20", "recall@100", "map")
 
 
 def summary(report) -> dict:
@@ -297,7 +298,9 @@ def untrained_vectors(scoring: Retrieval, model, table):
     start = EMBEDDER_KIND.load(
         scoring.base_model, pooling=config.classifier_pooling, normalize=config.embedding_normalize, dtype=torch.float32
     ).eval()
-    setup_pad_token(scoring.tokenizer, start)
+    with warnings.catch_warnings():  # its config's pad id follows the trained tokenizer's: a copy in memory, unsaved
+        warnings.filterwarnings("ignore", message="setup_pad_token", category=UserWarning)
+        setup_pad_token(scoring.tokenizer, start)
     start.to(next(model.parameters()).device)
     render = TASK.render(scoring, scoring.tokenizer, None, None)
     ids = render(table.to_dict())[0]
