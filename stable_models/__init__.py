@@ -17,7 +17,7 @@ patched, and no architecture's modeling code is imported.
 import importlib
 import importlib.util
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 # public name -> the module that defines it
 PUBLIC = {
@@ -58,6 +58,7 @@ PUBLIC = {
     "get_reward": "trl_compat",
     "setup_pad_token": "tokenization",
     "append_eos": "tokenization",
+    "prompt_length": "tokenization",
     "check_checkpoint": "verify",
     "verify_folder": "verify",
 }

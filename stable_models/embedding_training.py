@@ -25,17 +25,19 @@ def text_hash(ids) -> int:
     return zlib.crc32(torch.as_tensor(ids, dtype=torch.int64).numpy().tobytes())
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_example_index")
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_example_index", "prompt_length")
 
 
 class EmbeddingCollator:
     """Features {query_input_ids, positive_input_ids, negative_input_ids (a list of id lists)} -> one batch of every
     text in the order [queries, positives, negatives], with `queries` (how many), `negatives` (per query) and
     `hashes` (one per text: which texts are equal). `packing=True`: the texts packed end to end into rows without
-    padding (`PackedCollator`; the Stable forward pools each text and returns the vectors in this order)."""
+    padding (`PackedCollator`; the Stable forward pools each text and returns the vectors in this order).
+    `prompt_tokens` ({"query": n, "document": m}, for an embedder with include_prompt=False): each text's
+    `prompt_length`, so its prompt stays out of the mean (`stable_models.prompt_length` counts them)."""
 
-    def __init__(self, tokenizer, packing: bool = False):
-        self.tokenizer, self.packing = tokenizer, packing
+    def __init__(self, tokenizer, packing: bool = False, prompt_tokens: dict | None = None):
+        self.tokenizer, self.packing, self.prompt_tokens = tokenizer, packing, prompt_tokens
 
     def __call__(self, features):
         queries = [f["query_input_ids"] for f in features]
@@ -52,6 +54,9 @@ class EmbeddingCollator:
         batch["queries"] = torch.tensor(len(queries))
         batch["negatives"] = torch.tensor([len(f.get("negative_input_ids") or []) for f in features])
         batch["hashes"] = torch.tensor([text_hash(t) for t in texts], dtype=torch.int64)
+        if self.prompt_tokens:
+            query, document = self.prompt_tokens.get("query", 0), self.prompt_tokens.get("document", 0)
+            batch["prompt_length"] = torch.tensor([query] * len(queries) + [document] * (len(texts) - len(queries)))
         return batch
 
 

@@ -31,11 +31,15 @@ class StableEmbeddingMixin:
     """Put before a Stable classifier class: its backbone, pooling and contract, no head. `pooling` ("last", "mean")
     and `normalize` (default True) are constructor / `from_pretrained` arguments saved in `config.json`
     (`classifier_pooling`, `embedding_normalize`), as are `embedding_dimensions` (Matryoshka: the leading dimensions a
-    consumer may keep) and the prompts (`embedding_prompts`: {"query": ..., "document": ...})."""
+    consumer may keep), the prompts (`embedding_prompts`: {"query": ..., "document": ...}) and `include_prompt`
+    (`embedding_include_prompt`, default True; False: the forward's `prompt_length` first tokens of each text stay
+    out of the mean, as sentence-transformers' Pooling(include_prompt=False) leaves them)."""
 
     _keep_in_fp32_modules_strict = []
 
-    def __init__(self, config, *args, normalize=None, embedding_dimensions=None, prompts=None, **kwargs):
+    def __init__(
+        self, config, *args, normalize=None, embedding_dimensions=None, prompts=None, include_prompt=None, **kwargs
+    ):
         config.num_labels = 1  # the classifier's head is built, then dropped: an embedder scores nothing
         super().__init__(config, *args, **kwargs)
         del self.score
@@ -45,15 +49,27 @@ class StableEmbeddingMixin:
             config.embedding_dimensions = sorted({int(d) for d in embedding_dimensions}, reverse=True)
         if prompts is not None:
             config.embedding_prompts = dict(prompts)
+        if include_prompt is not None:
+            config.embedding_include_prompt = bool(include_prompt)
 
     def forward(
-        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, use_cache=None, **kwargs
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        inputs_embeds=None,
+        use_cache=None,
+        prompt_length=None,
+        **kwargs,
     ):
         """`pooler_output`: one fp32 vector per text (normalised unless `embedding_normalize` is False);
-        `last_hidden_state`: the backbone's."""
+        `last_hidden_state`: the backbone's. `prompt_length` (an int, or one per text): the tokens of each text's
+        prompt, counted as sentence-transformers counts them (`stable_models.prompt_length`); left out of the pooling
+        where `embedding_include_prompt` is False, ignored otherwise."""
         return_dict = kwargs.pop("return_dict", None) is not False  # peft passes None: the default, an output object
+        leading = None if getattr(self.config, "embedding_include_prompt", True) else prompt_length
         pooled, outputs = pooled_states(
-            self, input_ids, attention_mask, position_ids, inputs_embeds, None, use_cache, kwargs
+            self, input_ids, attention_mask, position_ids, inputs_embeds, None, use_cache, kwargs, leading
         )
         if self.config.embedding_normalize:
             pooled = torch.nn.functional.normalize(pooled, dim=-1)
@@ -128,7 +144,7 @@ def write_sentence_transformers_files(folder: str, config) -> None:
         "word_embedding_dimension": hidden,
         "pooling_mode": mode,
         **{f"pooling_mode_{flag}": flag == ("mean_tokens" if mode == "mean" else mode) for flag in ST_FLAGS},
-        "include_prompt": True,
+        "include_prompt": getattr(config, "embedding_include_prompt", True),
     }
     os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
     positions = getattr(config.get_text_config(), "max_position_embeddings", None)  # vLLM reads it as the limit

@@ -107,7 +107,7 @@ def card_kind(config) -> tuple[str, str]:
     }[model_kind(config)]
 
 
-CODE_VERSION = "0.5.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
+CODE_VERSION = "0.6.0"  # stable_models.__version__ (a test keeps them equal): recorded next to the code it wrote
 
 
 AUTO_CLASSES = ("AutoModelForSequenceClassification", "AutoModel")  # what a Stable folder's auto_map leads to

@@ -30,6 +30,27 @@ def pool(hidden_states: torch.Tensor, padding_mask: torch.Tensor | None, pooling
     return (hidden_states.to(dtype) * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
+def without_leading(padding_mask: torch.Tensor, leading: torch.Tensor) -> torch.Tensor:
+    """The padding mask without the first `leading[i]` real tokens of row i (a prompt left out of the mean, as
+    sentence-transformers' `Pooling(include_prompt=False)` leaves it, on either padding side), never a row's last real
+    token (a text that is all prompt keeps one token to pool)."""
+    real = padding_mask.bool()
+    rank = real.long().cumsum(-1)  # 1, 2, ... along each row's real tokens
+    keep_from = torch.minimum(leading.to(rank.device).reshape(-1, 1), rank[:, -1:] - 1)
+    return real & (rank > keep_from)
+
+
+def packed_without_leading(example_ids: torch.Tensor, position_ids: torch.Tensor, leading: torch.Tensor):
+    """`without_leading` for packed rows: the tokens of example k before position `leading[k]` (examples row-major)
+    get example id -1, so pooling skips them; each example keeps its last token."""
+    real = example_ids >= 0
+    per_token = leading.to(example_ids.device)[example_ids.clamp(min=0)]
+    is_last = torch.ones_like(real)
+    is_last[:-1] = example_ids[1:] != example_ids[:-1]
+    keep = real & ((position_ids.reshape(-1) >= per_token) | is_last)
+    return torch.where(keep, example_ids, -1)
+
+
 @torch.compiler.disable  # data-dependent: under torch.compile it runs eagerly (a graph break), never frozen
 def packed_examples(position_ids: torch.Tensor, padding_mask: torch.Tensor | None):
     """For a packed batch (a new example starts wherever the position does not rise: at 0 for an example of its own,

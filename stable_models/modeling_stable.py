@@ -33,7 +33,16 @@ from .modeling_files import (
 )
 from .modeling_loss import Fp32Linear, checked_loss_options, sequence_classification_loss
 from .modeling_masks import LayerMaskGuard, position_ids_from_mask, shared_prefix_mask
-from .modeling_pooling import DEFAULT_POOLING, POOLING_MODES, in_feature_order, packed_examples, pool, pool_packed
+from .modeling_pooling import (
+    DEFAULT_POOLING,
+    POOLING_MODES,
+    in_feature_order,
+    packed_examples,
+    packed_without_leading,
+    pool,
+    pool_packed,
+    without_leading,
+)
 from .modeling_precision import LOW_PRECISION_ADVICE, initialize_gathered, low_precision_trainables
 from .modeling_rules import (
     PACKING_NEEDS,
@@ -220,9 +229,12 @@ class StableSequenceClassificationMixin:
         )
 
 
-def pooled_states(model, input_ids, attention_mask, position_ids, inputs_embeds, labels, use_cache, kwargs):
+def pooled_states(
+    model, input_ids, attention_mask, position_ids, inputs_embeds, labels, use_cache, kwargs, leading=None
+):
     """(the pooled hidden state of each example, the backbone's outputs): the call checked, packed or padded rows
-    prepared, the backbone run under the mask guard, and pooling by the mask (fp32)."""
+    prepared, the backbone run under the mask guard, and pooling by the mask (fp32). `leading`: per example (or one
+    for all), how many of its first tokens pooling leaves out (an embedder's prompt)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
     # under torch.compile, torch.export or a tracing exporter (torch.onnx.export(dynamo=False), optimum) the
@@ -264,6 +276,17 @@ def pooled_states(model, input_ids, attention_mask, position_ids, inputs_embeds,
         model._mask_guard.cache.clear()
         model._mask_guard.past_length = 0
     query_mask = None if padding_mask is None else padding_mask[:, -query_length:]
+    if leading is not None:
+        hidden = outputs.last_hidden_state
+        examples = hidden.shape[0] if example_ids is None else int(example_ids.max()) + 1
+        leading = torch.as_tensor(leading, dtype=torch.long, device=hidden.device).reshape(-1).expand(examples)
+        if example_index is not None:  # the features' counts in row-major order: example k is feature example_index[k]
+            leading = leading[example_index.to(leading.device)]
+        if example_ids is not None:
+            example_ids = packed_without_leading(example_ids, position_ids, leading)
+        else:
+            real = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+            query_mask = without_leading(real if query_mask is None else query_mask, leading)
     if example_ids is not None:
         pooled = pool_packed(outputs.last_hidden_state, example_ids, model.config.classifier_pooling)
     else:

@@ -10,6 +10,15 @@ def classifier_logits(output):
     return output.logits
 
 
+class Prompted(list):
+    """Token ids whose first `prompt_length` tokens are a prompt that an embedder with include_prompt=False leaves
+    out of its mean (the scorers pass them to the forward as `prompt_length`)."""
+
+    def __init__(self, ids, prompt_length: int):
+        super().__init__(ids)
+        self.prompt_length = prompt_length
+
+
 @torch.no_grad()
 def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None, scores=classifier_logits):
     """Logits of token-id lists in their order, computed on batches of similar length (less padding, same logits)."""
@@ -18,7 +27,9 @@ def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None, 
     device = next(model.parameters()).device
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
-        batch = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
+        batch = tokenizer.pad({"input_ids": [list(ids[i]) for i in chosen]}, return_tensors="pt")
+        if any(isinstance(ids[i], Prompted) for i in chosen):
+            batch["prompt_length"] = torch.tensor([getattr(ids[i], "prompt_length", 0) for i in chosen])
         out = scores(model(**{k: v.to(device) for k, v in batch.items()})).float().cpu()
         for row, i in enumerate(chosen):
             logits[i] = out[row]

@@ -138,6 +138,16 @@ def ends_with_eos(tokenizer) -> bool:
     return bool(ids) and ids[-1] == tokenizer.eos_token_id
 
 
+def prompt_length(tokenizer, prompt: str) -> int:
+    """How many first tokens of `prompt + text` an embedder with `include_prompt=False` leaves out of its mean:
+    sentence-transformers' count (the prompt tokenized alone, less a special token it ends with), so both leave out the
+    same tokens. 0 for no prompt (sentence-transformers then passes none)."""
+    if not prompt:
+        return 0
+    ids = tokenizer(prompt)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in set(tokenizer.all_special_ids) else 0)
+
+
 def append_eos(tokenizer) -> bool:
     """Make `tokenizer(text)` end with its eos token, in the tokenizer itself, so that every consumer that tokenizes
     with the saved tokenizer (sentence-transformers, vLLM, transformers) pools the same last token (Qwen3-Embedding's

@@ -147,8 +147,9 @@ def form_rows(root) -> dict:
 
 
 def embedder_row(root) -> dict:
-    """The consumer row of a tiny Qwen2 embedder (mean pooling, a tokenizer that appends eos), as it saves itself;
-    tests/test_embedding_model.py and tests/serving/test_embedding_vllm.py hold its cells."""
+    """The consumer rows of a tiny Qwen2 embedder (mean pooling, a tokenizer that appends eos), as it saves itself,
+    and of the same with include_prompt=False; tests/test_embedding_model.py and tests/serving/test_embedding_vllm.py
+    hold their cells."""
     import tiny_tokenizers
     from architectures import make_config
 
@@ -162,4 +163,10 @@ def embedder_row(root) -> dict:
     model = embedding_class_for("qwen2")(make_config(BY_NAME["qwen2"], **WIDE, **ids), pooling="mean")
     model.save_pretrained(root / "embedder")
     tokenizer.save_pretrained(root / "embedder")
-    return {"embedder": folder_table(root / "embedder")}
+    model.config.embedding_include_prompt = False
+    model.save_pretrained(root / "embedder-without-prompt")
+    tokenizer.save_pretrained(root / "embedder-without-prompt")
+    return {
+        "embedder": folder_table(root / "embedder"),
+        "embedder, include_prompt false": folder_table(root / "embedder-without-prompt"),
+    }

@@ -223,3 +223,36 @@ def test_an_adapter_folder_predicts_the_merged_runs_vectors_and_its_row_says_mer
     assert (vectors["adapter"] - vectors["merged"]).abs().max() <= 1e-5
     cells = folder_table(tmp_path / "adapter")
     assert cells[0].ok and not any(cell.ok for cell in cells[1:])
+
+
+def test_no_include_prompt_trains_predicts_and_evaluates_without_the_prompts_tokens(base, tmp_path, capsys):
+    """--pooling mean --no-include-prompt: saved as include_prompt false; training (packed) and predict leave the
+    prompt's tokens out of the mean, so predict --prompt-name query gives sentence-transformers' encode_query (no
+    remote code) and the library's vectors with prompt_length; --engine vllm and last-token pooling are refused."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    data = write(tmp_path / "groups.jsonl", layout_rows("flag", groups(16)))
+    argv = ["train", "--task", "embedding", "--model", base, "--train", data, *FAST, "--dtype", "fp32"]
+    argv += ["--query-prompt", "query: ", "--no-include-prompt"]
+    assert run(*argv, "--output", tmp_path / "last") == 2
+    assert "add --pooling mean" in capsys.readouterr().err.splitlines()[-1]
+    assert run(*argv, "--pooling", "mean", "--output", tmp_path / "model") == 0
+    folder = tmp_path / "model"
+    assert json.loads((folder / "1_Pooling" / "config.json").read_text())["include_prompt"] is False
+    texts = write(tmp_path / "texts.jsonl", [{"text": t} for t in ["the film was great", "a dull plot"]])
+    out = tmp_path / "q.jsonl"
+    assert run("predict", "--model", folder, "--data", texts, "--output", out, "--prompt-name", "query") == 0
+    got = torch.tensor([json.loads(line)["embedding"] for line in out.read_text().splitlines()])
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = stable_models.from_pretrained(folder).eval()
+    batch = tokenizer([f"query: {t}" for t in ["the film was great", "a dull plot"]], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ours = model(**batch, prompt_length=stable_models.prompt_length(tokenizer, "query: ")).pooler_output
+        counted = model(**batch).pooler_output
+    assert (got - ours).abs().max() <= 1e-5 and (got - counted).abs().max() > 1e-4
+    encoder = SentenceTransformer(str(folder))
+    assert (torch.tensor(encoder.encode_query(["the film was great", "a dull plot"])) - got).abs().max() <= 1e-5
+    assert run("evaluate", "--model", folder, "--data", data, "--report-dir", tmp_path / "r") == 0
+    assert run("predict", "--model", folder, "--data", texts, "--output", tmp_path / "v.jsonl", "--engine", "vllm") == 2
+    assert "include_prompt=False" in capsys.readouterr().err.splitlines()[-1]

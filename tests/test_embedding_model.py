@@ -214,3 +214,131 @@ def test_a_tokenizer_without_eos_is_refused_with_the_fix():
     tokenizer.eos_token = None
     with pytest.raises(ValueError, match="has no eos token.*pooling='mean'"):
         append_eos(tokenizer)
+
+
+def by_hand(model, sequences, leading):
+    """Each text alone through the backbone, the mean of its states after its first `leading` tokens, normalised."""
+    with torch.no_grad():
+        means = [
+            model.model(input_ids=s[None]).last_hidden_state[0, n:].float().mean(0)
+            for s, n in zip(sequences, leading, strict=True)
+        ]
+    return torch.nn.functional.normalize(torch.stack(means), dim=-1)
+
+
+@pytest.mark.parametrize("arch_name", ["qwen2", "gemma2"])
+def test_include_prompt_false_leaves_each_texts_prompt_out_of_the_mean_padded_or_packed(arch_name):
+    """sentence-transformers' Pooling(include_prompt=False): the first prompt_length tokens of each text (after any
+    left padding) stay out of the mean, on either padding side and in packed rows; with include_prompt=True the same
+    call pools them (prompt_length ignored), a different vector."""
+    from stable_models import PackedCollator
+
+    torch.manual_seed(0)
+    arch = BY_NAME[arch_name]
+    cls = embedding_class_for(arch.name)
+    model = cls(make_config(arch), pooling="mean", include_prompt=False).eval()
+    sequences, leading = random_sequences(LENGTHS), [3, 1, 2, 0]
+    expected = by_hand(model, sequences, leading)
+    for side in ("left", "right"):
+        ids, mask = pad_batch(sequences, side)
+        with torch.no_grad():
+            got = model(input_ids=ids, attention_mask=mask, prompt_length=torch.tensor(leading)).pooler_output
+        assert (got - expected).abs().max() <= 1e-5, side
+    packed = PackedCollator(pad_token_id=0)([{"input_ids": s.tolist()} for s in sequences])
+    with torch.no_grad():
+        got = model(**packed, prompt_length=torch.tensor(leading)).pooler_output
+    assert (got - expected).abs().max() <= 1e-5
+    with torch.no_grad():  # one count for every text
+        got = model(*pad_batch(sequences, "right"), prompt_length=1).pooler_output
+    assert (got - by_hand(model, sequences, [1] * len(sequences))).abs().max() <= 1e-5
+
+    model.config.embedding_include_prompt = True  # the prompt counts: prompt_length is ignored
+    with torch.no_grad():
+        counted = model(*pad_batch(sequences, "left"), prompt_length=torch.tensor(leading)).pooler_output
+    assert (counted - by_hand(model, sequences, [0] * len(sequences))).abs().max() <= 1e-5
+    assert (counted - expected).abs().max() > 1e-3
+
+
+def test_a_text_that_is_all_prompt_keeps_its_last_token():
+    model = embedding_class_for("qwen2")(make_config(BY_NAME["qwen2"]), pooling="mean", include_prompt=False).eval()
+    sequences = random_sequences([3, 5])
+    with torch.no_grad():
+        got = model(*pad_batch(sequences, "left"), prompt_length=torch.tensor([9, 0])).pooler_output
+    assert torch.isfinite(got).all()
+    assert (got - by_hand(model, sequences, [2, 0])).abs().max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def saved_without_prompt(tmp_path_factory):
+    """The `saved` embedder's weights and prompts, saved again with include_prompt=False."""
+    folder = tmp_path_factory.mktemp("no-prompt") / "model"
+    tokenizer = tiny_tokenizers.qwen2_like()
+    ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = embedder("qwen2", "mean", **WIDE, **ids)
+    model.config.embedding_prompts = {"query": "query: ", "document": "passage: "}
+    model.config.embedding_include_prompt = False
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer
+
+
+def test_sentence_transformers_leaves_out_the_prompt_we_leave_out(saved_without_prompt):
+    """The folder's Pooling says include_prompt false; `encode_query` / `encode_document` (no remote code) give our
+    vectors of the prompted texts with `prompt_length` as sentence-transformers counts it (the prompt alone: its
+    trailing space is a token of its own, so the count also covers a text's first word where the space merges into
+    it). Where that count covers a whole text ("query: bad"), sentence-transformers returns a zero vector; ours keeps
+    the text's last token; so does transformers with remote code. vLLM reads no include_prompt: the consumer row says
+    no for it."""
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    folder, tokenizer = saved_without_prompt
+    assert json.loads((folder / "1_Pooling" / "config.json").read_text())["include_prompt"] is False
+    model = stable_models.from_pretrained(folder).eval()
+    assert model.config.embedding_include_prompt is False
+    encoder = SentenceTransformer(str(folder))
+    remote_model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    covered = TEXTS.index("bad")
+    for name, prompt in (("query", "query: "), ("document", "passage: ")):
+        count = stable_models.prompt_length(tokenizer, prompt)
+        assert count == len(tokenizer(prompt)["input_ids"]) == len(tokenizer(prompt + "bad")["input_ids"])
+        batch = tokenizer([prompt + t for t in TEXTS], padding=True, return_tensors="pt")
+        with torch.no_grad():
+            ours_left_out = model(**batch, prompt_length=count).pooler_output
+            ours_counted = model(**batch).pooler_output
+        theirs = torch.tensor(encoder.encode(TEXTS, prompt_name=name))
+        rest = [i for i in range(len(TEXTS)) if i != covered]
+        assert (theirs[rest] - ours_left_out[rest]).abs().max() <= 1e-5, name
+        assert (theirs[rest] - ours_counted[rest]).abs().max() > 1e-3  # the prompt's tokens would change the vector
+        assert theirs[covered].abs().max() == 0  # sentence-transformers: the mean of nothing
+        assert ours_left_out[covered].norm() == pytest.approx(1.0, abs=1e-5)
+        with torch.no_grad():  # the folder's own code, as transformers runs it
+            remote = remote_model(**batch, prompt_length=count).pooler_output
+        assert (remote - ours_left_out).abs().max() <= 1e-5
+    cells = {cell.consumer: cell for cell in folder_table(folder)}
+    assert cells["sentence-transformers"].ok and cells["transformers, trust_remote_code"].ok
+    assert not cells["vLLM offline"].ok and "include_prompt" in cells["vLLM offline"].how
+    assert not cells["vLLM server"].ok
+
+
+def test_the_collator_gives_each_text_its_prompts_length_packed_or_padded():
+    """EmbeddingCollator(prompt_tokens=...): queries get the query prompt's count, documents the document prompt's;
+    the padded and the packed batch give the vectors of each text alone with its prompt left out."""
+    from stable_models import EmbeddingCollator
+    from stable_models.embedding_training import MODEL_INPUTS
+
+    torch.manual_seed(0)
+    model = embedding_class_for("qwen2")(make_config(BY_NAME["qwen2"]), pooling="mean", include_prompt=False).eval()
+    features = [  # short texts: packed, several share a row (the long positive sets the row's width)
+        {"query_input_ids": [5, 6, 7], "positive_input_ids": [9, 10], "negative_input_ids": [[12, 13]]},
+        {"query_input_ids": [16, 17], "positive_input_ids": [19, 20, 21, 22, 23, 24, 25], "negative_input_ids": []},
+    ]
+    texts = [torch.tensor(t) for t in ([5, 6, 7], [16, 17], [9, 10], [19, 20, 21, 22, 23, 24, 25], [12, 13])]
+    expected = by_hand(model, texts, [1, 1, 0, 0, 0])
+    for packing in (False, True):
+        batch = EmbeddingCollator(tiny_tokenizers.qwen2_like(), packing, {"query": 1, "document": 0})(features)
+        assert batch["prompt_length"].tolist() == [1, 1, 0, 0, 0]
+        assert len(batch["input_ids"]) == (3 if packing else 5)  # packed: three texts share a row
+        with torch.no_grad():
+            got = model(**{k: batch[k] for k in MODEL_INPUTS if k in batch}).pooler_output
+        assert (got - expected).abs().max() <= 1e-5, packing

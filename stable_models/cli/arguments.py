@@ -242,6 +242,12 @@ def task_choice(t) -> None:
     ranking_options(t)
     t.add_argument("--query-prompt", help="embedders: text put before every query (saved: encode_query adds it)")
     t.add_argument("--document-prompt", help="embedders: text put before every document (saved with the model)")
+    t.add_argument(
+        "--include-prompt",
+        action=argparse.BooleanOptionalAction,
+        help="embedders, --pooling mean: --no-include-prompt leaves the prompt's tokens out of the mean (saved, as "
+        "sentence-transformers' Pooling include_prompt)",
+    )
 
 
 def evaluate_options(e) -> None:

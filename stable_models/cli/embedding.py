@@ -38,6 +38,7 @@ CUTOFFS = (1, 10, 20, 100)  # recall@20 / @100: a reranker's depths over this fi
 class EmbeddingOptions(Options):
     query_prompt: str | None = read_in("train")
     document_prompt: str | None = read_in("train")
+    include_prompt: bool | None = read_in("train")
     temperature: float | None = read_in("train")
     mine_negatives: int | None = read_in("train")
     corpus: str | None = read_in("train", "evaluate")
@@ -52,6 +53,7 @@ class EmbedTexts:
     key: str
     prompt: str
     limit: int
+    prompt_tokens: int = 0  # left out of the mean (an include_prompt=False embedder): the prompt's tokens
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,21 @@ class Retrieval:
     limit: int
     tokenizer: object
     base_model: str | None
+    prompt_tokens: dict | None = None  # per prompt name, as EmbedTexts.prompt_tokens
 
 
 def prompts_of(options) -> dict:
     return {"query": options.query_prompt or "", "document": options.document_prompt or ""}
+
+
+def left_out_prompt_tokens(config, tokenizer) -> dict | None:
+    """{prompt name: its tokens} where the embedder leaves its prompts out of the mean (include_prompt=False), counted
+    as sentence-transformers counts them; None where the prompts count."""
+    from ..tokenization import prompt_length
+
+    if getattr(config, "embedding_include_prompt", True):
+        return None
+    return {name: prompt_length(tokenizer, p) for name, p in (getattr(config, "embedding_prompts", None) or {}).items()}
 
 
 class Embedding(Task):
@@ -96,7 +109,8 @@ class Embedding(Task):
         return TrainingData(self, *rows, "embedding", ["vector"], options, layout)
 
     def model_options(self, options, data) -> dict:
-        return {"prompts": prompts_of(options)}
+        left_out = {} if options.include_prompt is not False else {"include_prompt": False}
+        return {"prompts": prompts_of(options), **left_out}
 
     def describe_model(self, data) -> str:
         return "contrastive embedding"
@@ -106,6 +120,11 @@ class Embedding(Task):
         --max-length alone is refused."""
         from ..tokenization import append_eos
 
+        if options.include_prompt is False and options.pooling != "mean":
+            raise CliError(
+                "--no-include-prompt leaves the prompt out of a mean: add --pooling mean (last-token pooling reads "
+                "one token, never the prompt's)"
+            )
         if (options.pooling or "last") == "last":
             try:
                 if append_eos(tokenizer):
@@ -133,7 +152,8 @@ class Embedding(Task):
         """Packed rows without padding, where the model takes them (padded for recurrent models, --no-packing)."""
         from ..embedding_training import EmbeddingCollator
 
-        return EmbeddingCollator(tokenizer, packing=packing)
+        left_out = left_out_prompt_tokens(model.config, tokenizer)
+        return EmbeddingCollator(tokenizer, packing=packing, prompt_tokens=left_out)
 
     def trainer_class(self):
         from ..embedding_training import EmbeddingTrainer
@@ -160,14 +180,16 @@ class Embedding(Task):
     def evaluation_input(self, options, table, config, tokenizer, say) -> Retrieval:
         limit = min(tokenizer.model_max_length, positions(config))
         prompts = dict(getattr(config, "embedding_prompts", None) or {})
-        return Retrieval(prompts, limit, tokenizer, untrained_start(options.model))
+        left_out = left_out_prompt_tokens(config, tokenizer)
+        return Retrieval(prompts, limit, tokenizer, untrained_start(options.model), left_out)
 
     def prediction_input(self, options, table, config, tokenizer, say) -> EmbedTexts:
         key = options.text_key or "text"
         check_texts(table, options.data, key, None)
         prompts = getattr(config, "embedding_prompts", None) or {}
         prompt = prompts.get(options.prompt_name, "") if options.prompt_name else ""
-        return EmbedTexts(key, prompt, min(tokenizer.model_max_length, positions(config)))
+        left_out = (left_out_prompt_tokens(config, tokenizer) or {}).get(options.prompt_name, 0) if prompt else 0
+        return EmbedTexts(key, prompt, min(tokenizer.model_max_length, positions(config)), left_out)
 
     def scored_table(self, options, table, scoring):
         """evaluate: every group's query, then every distinct document of the file, with each query's relevant
@@ -198,17 +220,24 @@ class Embedding(Task):
         return [scoring.key] if isinstance(scoring, EmbedTexts) else ["text", "query"]
 
     def render(self, scoring, tokenizer, options, cuts):
+        from ..scoring import Prompted
+
         cut = {"truncation": True, "max_length": scoring.limit}
         if isinstance(scoring, EmbedTexts):
-            return lambda batch: [tokenizer([scoring.prompt + str(t) for t in batch[scoring.key]], **cut)["input_ids"]]
+
+            def render_texts(batch):
+                ids = tokenizer([scoring.prompt + str(t) for t in batch[scoring.key]], **cut)["input_ids"]
+                return [[Prompted(i, scoring.prompt_tokens) for i in ids] if scoring.prompt_tokens else ids]
+
+            return render_texts
 
         def render(batch):
-            prompts = scoring.prompts
-            texts = [
-                prompts.get("query" if is_query else "document", "") + text
-                for text, is_query in zip(batch["text"], batch["query"], strict=True)
-            ]
-            return [tokenizer(texts, **cut)["input_ids"]]
+            names = ["query" if is_query else "document" for is_query in batch["query"]]
+            texts = [scoring.prompts.get(n, "") + t for n, t in zip(names, batch["text"], strict=True)]
+            ids = tokenizer(texts, **cut)["input_ids"]
+            if scoring.prompt_tokens:
+                ids = [Prompted(i, scoring.prompt_tokens.get(n, 0)) for i, n in zip(ids, names, strict=True)]
+            return [ids]
 
         return render
 
@@ -296,7 +325,11 @@ def untrained_vectors(scoring: Retrieval, model, table):
 
     config = model.config
     start = EMBEDDER_KIND.load(
-        scoring.base_model, pooling=config.classifier_pooling, normalize=config.embedding_normalize, dtype=torch.float32
+        scoring.base_model,
+        pooling=config.classifier_pooling,
+        normalize=config.embedding_normalize,
+        include_prompt=getattr(config, "embedding_include_prompt", True),
+        dtype=torch.float32,
     ).eval()
     with warnings.catch_warnings():  # its config's pad id follows the trained tokenizer's: a copy in memory, unsaved
         warnings.filterwarnings("ignore", message="setup_pad_token", category=UserWarning)

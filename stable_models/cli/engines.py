@@ -11,6 +11,8 @@ the rows.
 """
 
 import importlib.util
+import json
+from pathlib import Path
 
 import torch
 
@@ -80,11 +82,22 @@ def refuse_torch(args, job) -> None:
 def refuse_vllm(args, job) -> None:
     if job.world > 1:
         raise CliError("--engine vllm runs as one process: pass --data-parallel-size / --tensor-parallel-size instead")
+    if left_out_prompt(args.model):
+        raise CliError(
+            f"--engine vllm: {args.model} leaves its prompts out of the mean (include_prompt=False), which vLLM does "
+            "not read, so its vectors would differ: use --engine torch"
+        )
     if folder_form(args.model) == ADAPTER:
         raise CliError(
             f"--engine vllm: {args.model} is an adapter: predict it with the torch engine, or in vLLM as a LoRA "
             "module on its base (stable-models verify FOLDER prints the call: enable_lora=True, LoRARequest)"
         )
+
+
+def left_out_prompt(folder) -> bool:
+    """Whether the folder is an embedder that leaves its prompts out of the mean (config.json, read as JSON)."""
+    path = Path(folder) / "config.json"
+    return path.is_file() and json.loads(path.read_text()).get("embedding_include_prompt", True) is False
 
 
 def load_torch(args, job, tokenizer, kind, config):
