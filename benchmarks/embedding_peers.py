@@ -94,11 +94,18 @@ def train_sentence_transformers(args, loss_name: str) -> None:
         SentenceTransformerTrainer,
         SentenceTransformerTrainingArguments,
         losses,
+        models,
     )
 
     torch.manual_seed(args.seed)
-    model = SentenceTransformer(str(args.base), local_files_only=True)  # a folder without modules.json: mean pooling
-    model.max_seq_length = LIMIT
+    # ST 6 would pool a decoder folder without modules.json by its last token, unnormalised, and render each text
+    # through the tokenizer's chat template: the job's modules instead, plain text
+    text_only = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+    transformer = models.Transformer(
+        str(args.base), max_seq_length=LIMIT, modality_config=text_only, module_output_name="token_embeddings"
+    )
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()])
     backbone = model[0].auto_model
     lora = LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, lora_dropout=0.0, target_modules=decoder_linears(backbone))
     inject_adapter_in_model(lora, backbone)
