@@ -116,27 +116,12 @@ def embedder_cells(config, form=MERGED) -> list[Cell]:
     vector = "(**tokenizer(texts, padding=True, return_tensors='pt')).pooler_output"
     pooling = f"Pooling {ST_POOLING[config.classifier_pooling]}" + (", Normalize" if config.embedding_normalize else "")
     base = base_model_name(config.model_type)
-    if not getattr(config, "embedding_include_prompt", True):  # the prompt's tokens stay out of the mean
+    left_out = not getattr(config, "embedding_include_prompt", True)  # the prompt's tokens stay out of the mean
+    if left_out:
         vector = vector.replace(
             "return_tensors='pt')", "return_tensors='pt'), prompt_length=prompt_length(tokenizer, prompt)"
         )
-        vllm = "vLLM reads no include_prompt: its mean would count the prompt's tokens (predict --engine vllm refuses)"
-        return [
-            Cell(COLUMNS[0], True, f"{LOADER}{vector} (no code from the folder runs)"),
-            Cell(COLUMNS[1], True, f"AutoModel.from_pretrained(folder, trust_remote_code=True){vector}"),
-            Cell(COLUMNS[2], False, f"AutoModel gives the stock {base}: token states, no pooled vector"),
-            Cell(COLUMNS[3], False, 'pipeline("feature-extraction") gives token states, no pooled vector'),
-            Cell(
-                COLUMNS[4],
-                True,
-                f"SentenceTransformer(folder).encode_query / encode_document, no remote code ({pooling}, "
-                "include_prompt false: the prompt's tokens left out as here)",
-            ),
-            Cell(COLUMNS[5], False, vllm),
-            Cell(COLUMNS[6], False, vllm),
-            Cell(COLUMNS[7], False, "an export of (input_ids, attention_mask) counts the prompt in the mean"),
-        ]
-    return [
+    cells = [
         Cell(COLUMNS[0], True, f"{LOADER}{vector} (no code from the folder runs)"),
         Cell(COLUMNS[1], True, f"AutoModel.from_pretrained(folder, trust_remote_code=True){vector}"),
         Cell(COLUMNS[2], False, f"AutoModel gives the stock {base}: token states, no pooled vector"),
@@ -150,6 +135,19 @@ def embedder_cells(config, form=MERGED) -> list[Cell]:
         Cell(COLUMNS[5], True, 'LLM(folder, runner="pooling").embed(texts): the pooling and Normalize of modules.json'),
         Cell(COLUMNS[6], True, "/v1/embeddings (dimensions= where config.json lists embedding_dimensions)"),
         Cell(COLUMNS[7], True, "torch.onnx.export(model, (input_ids, attention_mask), dynamo=True): pooler_output"),
+    ]
+    if not left_out:
+        return cells
+    vllm = "vLLM reads no include_prompt: its mean would count the prompt's tokens (predict --engine vllm refuses)"
+    sentence_transformers = (
+        f"SentenceTransformer(folder).encode_query / encode_document, no remote code ({pooling}, include_prompt "
+        "false: the prompt's tokens left out as here)"
+    )
+    return cells[:4] + [
+        Cell(COLUMNS[4], True, sentence_transformers),
+        Cell(COLUMNS[5], False, vllm),
+        Cell(COLUMNS[6], False, vllm),
+        Cell(COLUMNS[7], False, "an export of (input_ids, attention_mask) counts the prompt in the mean"),
     ]
 
 
