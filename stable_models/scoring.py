@@ -27,7 +27,7 @@ def logits_in_length_order(model, tokenizer, ids, batch_size=16, progress=None, 
     device = next(model.parameters()).device
     for start in range(0, len(order), batch_size):
         chosen = order[start : start + batch_size]
-        batch = tokenizer.pad({"input_ids": [list(ids[i]) for i in chosen]}, return_tensors="pt")
+        batch = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
         if any(isinstance(ids[i], Prompted) for i in chosen):
             batch["prompt_length"] = torch.tensor([getattr(ids[i], "prompt_length", 0) for i in chosen])
         out = scores(model(**{k: v.to(device) for k, v in batch.items()})).float().cpu()

@@ -188,7 +188,7 @@ class Embedding(Task):
         check_texts(table, options.data, key, None)
         prompts = getattr(config, "embedding_prompts", None) or {}
         prompt = prompts.get(options.prompt_name, "") if options.prompt_name else ""
-        left_out = (left_out_prompt_tokens(config, tokenizer) or {}).get(options.prompt_name, 0) if prompt else 0
+        left_out = (left_out_prompt_tokens(config, tokenizer) or {}).get(options.prompt_name, 0)  # 0: no prompt
         return EmbedTexts(key, prompt, min(tokenizer.model_max_length, positions(config)), left_out)
 
     def scored_table(self, options, table, scoring):
