@@ -7,7 +7,10 @@ several backwards inside one, which DeepSpeed refuses: Tevatron #206). The cache
    graph, gathers the vectors (and the texts' hashes) across processes, and takes the loss and its gradient in the
    vectors (`cache_step`);
 2. each training step then forwards its micro-batch again, replaying its random state, and backpropagates that
-   gradient (a surrogate whose gradient is the true one), scaled for the process count DDP averages over.
+   gradient (a surrogate whose gradient is the true one), scaled for the process count DDP averages over. On one
+   process without DeepSpeed or FSDP, the step's first micro-batch keeps the graph of its cache forward instead (one
+   forward fewer a step; a single micro-batch is then forwarded once): DDP syncs and the sharding engines gather
+   per forward-backward pair, so there every micro-batch is replayed.
 The logged loss is the global batch's; a candidate equal to a query's positive is masked from that query (across
 the global batch) and counted (`false_negatives` in the log).
 """
@@ -87,10 +90,11 @@ class EmbeddingTrainer(Trainer):
         global loss's gradient in its vectors and the random state its forward started from."""
         parts, states = [], []
         self.model.train()  # the mode the training forwards run in (Trainer sets it at each step)
-        for batch in batch_samples:
+        keep_first = self.args.world_size == 1 and not (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        for index, batch in enumerate(batch_samples):
             inputs = self._prepare_inputs(batch)
             states.append(random_state())
-            with torch.no_grad():
+            with torch.set_grad_enabled(keep_first and index == 0):
                 vectors = self.vectors(self.model, inputs)
             queries, counts = int(inputs["queries"]), inputs["negatives"].tolist()
             parts.append((vectors, queries, counts, inputs["hashes"]))
@@ -106,16 +110,21 @@ class EmbeddingTrainer(Trainer):
         grads = local_gradients(queries.grad, candidates.grad, offsets[rank], parts)
         scale = self.args.world_size  # DDP (and DeepSpeed, FSDP) average the processes' gradients
         value = loss.detach().to(device) / len(parts)  # the micro-batches' values add up to the global loss
-        self._cache = [(g.to(device) * scale, state, value) for g, state in zip(grads, states, strict=True)]
+        kept = [parts[0][0] if keep_first else None] + [None] * (len(parts) - 1)  # vectors with their graph
+        self._cache = [
+            (g.to(device) * scale, state, value, graph) for g, state, graph in zip(grads, states, kept, strict=True)
+        ]
         self._next = 0
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        grad, state, value = self._cache[self._next]
+        grad, state, value, vectors = self._cache[self._next]
+        self._cache[self._next] = None  # a kept graph goes with this micro-batch's backward
         self._next += 1
-        after = random_state()
-        set_random_state(state)  # the forward the vectors were cached from, replayed
-        vectors = self.vectors(model, inputs)
-        set_random_state(after)
+        if vectors is None:
+            after = random_state()
+            set_random_state(state)  # the forward the vectors were cached from, replayed
+            vectors = self.vectors(model, inputs)
+            set_random_state(after)
         surrogate = (vectors * grad).sum()
         loss = surrogate - surrogate.detach() + value  # the gradient of the global loss; its value for the log
         return (loss, vectors) if return_outputs else loss
