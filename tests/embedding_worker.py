@@ -1,5 +1,6 @@
 """Trainer run used by test_embedding_training.py: `python embedding_worker.py OUT --batch 16 [--accumulate 4]` or
-`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3 | --fsdp]`: a tiny Qwen2 embedder trained 4
+`torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3 | --fsdp]` (`--checkpointing`: activation
+checkpointing on): a tiny Qwen2 embedder trained 4
 steps by EmbeddingTrainer (InfoNCE over the global batch, cached per micro-batch) on query / positive / hard-negative
 rows in dataset order, with one positive repeated (a false negative for the other query). Writes the logged losses,
 grad norms, false-negative counts and a weight checksum (rank 0).
@@ -15,11 +16,13 @@ import os
 import sys
 
 import torch
+import transformers
 
 sys.path.insert(0, os.path.dirname(__file__))
 from architectures import BY_NAME, cpu_training_args, make_config  # noqa: E402
 from distributed import leave_process_group  # noqa: E402
 
+from stable_models.cli.fine_tuning import checkpointing_arguments  # noqa: E402
 from stable_models.embedding_training import EmbeddingCollator, EmbeddingTrainer  # noqa: E402
 from stable_models.losses import InfoNCELoss  # noqa: E402
 from stable_models.registry import embedding_class_for  # noqa: E402
@@ -144,6 +147,7 @@ def main():
     parser.add_argument("--zero3", action="store_true", help="DeepSpeed ZeRO-3 (Trainer's own integration)")
     parser.add_argument("--packed", action="store_true", help="texts packed end to end, no padding")
     parser.add_argument("--fsdp", action="store_true", help="torch's fully_shard (FSDP2), Trainer's step by hand")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing (as train's flag)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -159,6 +163,7 @@ def main():
         ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         ddp_timeout=120,
         deepspeed=ZERO3 if args.zero3 else None,
+        **checkpointing_arguments(transformers.TrainingArguments, args.checkpointing, {"use_reentrant": False}),
     )
     trainer = (MicroBatchTrainer if args.micro_batch_negatives else SequentialTrainer)(
         model=model,

@@ -33,6 +33,12 @@ def test_micro_batches_with_accumulation_train_as_one_batch(one_batch, tmp_path)
     assert one_batch["false_negatives"] == [2, 2, 2, 2]  # the repeated positive, masked from both its queries
 
 
+def test_micro_batches_under_activation_checkpointing_train_as_one_batch(one_batch, tmp_path):
+    """Activation checkpointing on one process: every micro-batch keeps its cache forward's graph (the layers'
+    inputs) and the backward recomputes the rest: the same run."""
+    same(run(tmp_path, "checkpointed", 1, 4, "--accumulate", "4", "--packed", "--checkpointing"), one_batch)
+
+
 def test_packed_micro_batches_train_as_the_padded_batch(one_batch, tmp_path):
     """Every text of a micro-batch laid end to end in rows without padding: the same vectors, so the same run."""
     same(run(tmp_path, "packed", 1, 4, "--accumulate", "4", "--packed"), one_batch)
@@ -73,13 +79,18 @@ def test_two_processes_under_fsdp2_train_as_one_batch(one_batch, tmp_path):
     assert fsdp["false_negatives"] == [2, 2, 2, 2]
 
 
-def test_one_process_forwards_the_first_micro_batch_once(tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_one_process_forwards_a_kept_micro_batch_once(tmp_path, checkpointing):
     """On one process the step's first micro-batch keeps its cache forward's graph: 2 micro-batches cost 3 forwards
-    (cache 2, replay 1), not 4. The runs above show the kept graph gives the replayed run (DDP replays every one)."""
+    (cache 2, replay 1), not 4. Under activation checkpointing the first 8 keep it (such a graph is the layers'
+    inputs): 10 micro-batches cost 12 forwards, where the replay made 20, and memory stays flat beyond the 8. The
+    runs above show the kept graphs give the replayed run (DDP replays every one)."""
     import torch
+    import transformers
     from architectures import BY_NAME, cpu_training_args, make_config
     from embedding_worker import Pad, SequentialTrainer, rows
 
+    from stable_models.cli.fine_tuning import checkpointing_arguments
     from stable_models.embedding_training import EmbeddingCollator
     from stable_models.registry import embedding_class_for
 
@@ -87,10 +98,21 @@ def test_one_process_forwards_the_first_micro_batch_once(tmp_path):
     model = embedding_class_for("qwen2")(make_config(BY_NAME["qwen2"]))
     forwards = []
     model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+    layer_forwards, mlp = [], model.model.layers[0].mlp
+    mlp_forward = mlp.forward  # the recomputation calls it (torch runs no module hooks there)
+    mlp.forward = lambda *args, **kwargs: layer_forwards.append(torch.is_grad_enabled()) or mlp_forward(*args, **kwargs)
+    accumulation = 10 if checkpointing else 2
+    checkpoints = checkpointing_arguments(transformers.TrainingArguments, checkpointing, {"use_reentrant": False})
     training = cpu_training_args(
-        str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=1, optim="sgd"
-    )
+        str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=accumulation, max_steps=1,
+        optim="sgd", **checkpoints,
+    )  # fmt: skip
     SequentialTrainer(
-        model=model, args=training, train_dataset=rows(16), data_collator=EmbeddingCollator(Pad())
+        model=model, args=training, train_dataset=rows(48), data_collator=EmbeddingCollator(Pad())
     ).train()
-    assert forwards == [True, False, True]  # the first with its graph kept, the second without, then replayed
+    if checkpointing:
+        assert forwards == [True] * 8 + [False] * 2 + [True] * 2  # 8 with their graphs kept; 2 without, replayed
+        assert layer_forwards == [True] * 8 + [False] * 2 + [True] * (8 + 2 * 2)  # and recomputed in each backward
+    else:
+        assert forwards == [True, False, True]  # the first with its graph kept, the second without, then replayed
+        assert layer_forwards == forwards
