@@ -34,8 +34,8 @@ def test_micro_batches_with_accumulation_train_as_one_batch(one_batch, tmp_path)
 
 
 def test_micro_batches_under_activation_checkpointing_train_as_one_batch(one_batch, tmp_path):
-    """Activation checkpointing on one process: every micro-batch keeps its cache forward's graph (the layers'
-    inputs) and the backward recomputes the rest: the same run."""
+    """Activation checkpointing on one process: each of the 4 micro-batches keeps its cache forward's graph (the
+    layers' inputs) and the backward recomputes the rest: the same run."""
     same(run(tmp_path, "checkpointed", 1, 4, "--accumulate", "4", "--packed", "--checkpointing"), one_batch)
 
 
