@@ -1,9 +1,8 @@
 """Trainer run used by test_embedding_training.py: `python embedding_worker.py OUT --batch 16 [--accumulate 4]` or
 `torchrun --nproc_per_node 2 embedding_worker.py OUT --batch 8 [--zero3 | --fsdp]` (`--checkpointing`: activation
-checkpointing on): a tiny Qwen2 embedder trained 4
-steps by EmbeddingTrainer (InfoNCE over the global batch, cached per micro-batch) on query / positive / hard-negative
-rows in dataset order, with one positive repeated (a false negative for the other query). Writes the logged losses,
-grad norms, false-negative counts and a weight checksum (rank 0).
+checkpointing on): a tiny Qwen2 embedder trained 4 steps by EmbeddingTrainer (InfoNCE over the global batch, cached per
+micro-batch) on query / positive / hard-negative rows in dataset order, with one positive repeated (a false negative
+for the other query). Writes the logged losses, grad norms, false-negative counts and a weight checksum (rank 0).
 
 `--fsdp`: Trainer runs FSDP only on GPUs, so on gloo the model is sharded with torch's `fully_shard` (FSDP2) and the
 trainer's own step (`cache_step`, then `compute_loss` per micro-batch) runs in Trainer's order: cache, forward and
